@@ -1,0 +1,88 @@
+"""Llama building blocks: RMSNorm, RoPE (explicit positions, Llama-3 scaling), SwiGLU MLP.
+
+Every parameter carries logical axis names (`embed`, `mlp`, `heads`, `kv_heads`, `vocab`, `norm`)
+so that sharding rules in the experiment config can map them onto a device mesh.
+"""
+
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hamburger_jax.config import LlamaConfig, RopeScaling
+
+default_init = nn.initializers.normal(stddev=0.02)
+
+
+def logical(init, axes):
+  return nn.with_logical_partitioning(init, axes)
+
+
+def dense(features: int, axes: tuple[str, str], cfg: LlamaConfig, name: str,
+          use_bias: bool = False, bias_axis: str | None = None) -> nn.Dense:
+  """A Dense layer (kernel [in, out]) with logical axis names and the config's dtypes."""
+  kwargs = {}
+  if use_bias:
+    kwargs["bias_init"] = logical(nn.initializers.zeros_init(), (bias_axis or axes[1],))
+  return nn.Dense(features, use_bias=use_bias, dtype=cfg.jnp_dtype,
+                  param_dtype=cfg.jnp_param_dtype, kernel_init=logical(default_init, axes),
+                  name=name, **kwargs)
+
+
+class RMSNorm(nn.Module):
+  """y = x / rms(x) * scale, computed in float32 (HF `LlamaRMSNorm`)."""
+  eps: float
+  dtype: jnp.dtype = jnp.float32
+  param_dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    scale = self.param("scale", logical(nn.initializers.ones_init(), ("norm",)), (x.shape[-1],),
+                       self.param_dtype)
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return scale.astype(self.dtype) * x32.astype(self.dtype)
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> np.ndarray:
+  """Inverse frequencies [head_dim // 2] of RoPE, with Llama-3 scaling if given (float32)."""
+  inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+  if scaling is not None:
+    old = scaling.original_max_position_embeddings
+    low_wavelen = old / scaling.low_freq_factor
+    high_wavelen = old / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = np.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
+    smooth = (old / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    inv_freq = np.where(medium, smoothed, scaled)
+  return inv_freq.astype(np.float32)
+
+
+def apply_rope(x, positions, inv_freq):
+  """Rotates x [B, T, N, H] by positions [B, T] (HF "rotate-half" layout)."""
+  angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [B, T, H/2]
+  cos = jnp.cos(angles)[:, :, None, :]
+  sin = jnp.sin(angles)[:, :, None, :]
+  x32 = x.astype(jnp.float32)
+  x1, x2 = jnp.split(x32, 2, axis=-1)
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x.dtype)
+
+
+class SwiGLU(nn.Module):
+  """down(silu(gate(x)) * up(x))."""
+  cfg: LlamaConfig
+
+  @nn.compact
+  def __call__(self, x):
+    c = self.cfg
+    gate = dense(c.intermediate_size, ("embed", "mlp"), c, "gate_proj")(x)
+    up = dense(c.intermediate_size, ("embed", "mlp"), c, "up_proj")(x)
+    return dense(c.hidden_size, ("mlp", "embed"), c, "down_proj")(nn.silu(gate) * up)
