@@ -1,0 +1,103 @@
+"""HamburgerModel: compositional embedder -> base Llama -> micro-step decoder.
+
+Parameters: {"base": Llama params, "embedder": merge weights, "micro_decoder": layers + stop head}.
+The embedder and the LM head share the base model's token embedding.
+
+Training (teacher forcing, see `hamburger_jax.batch` for the batch fields):
+    out = HamburgerModel(cfg).apply({"params": p}, batch)
+    out.logits [B, M, S, V], out.stop_logits [B, M, S]
+Decoding uses the methods `embed_groups`, `base_forward`, `micro_prefill`, `micro_step`, `heads`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from hamburger_jax.config import HamburgerConfig
+from hamburger_jax.embedder import CompositionalEmbedder
+from hamburger_jax.llama import LlamaModel, LlamaOutput
+from hamburger_jax.micro_decoder import MicroStepDecoder
+
+
+class TrainOutput(NamedTuple):
+  logits: jax.Array        # [B, M, S, V] float32: micro step j predicts token j of the next group
+  stop_logits: jax.Array   # [B, M, S] float32
+  embeddings: jax.Array    # [B, M, D] merged inputs of the base model
+  features: jax.Array      # [B, M, F, D] base features at each macro position
+  micro_outputs: jax.Array  # [B, M, S, D] micro-step vectors (before the heads)
+
+
+class HamburgerModel(nn.Module):
+  cfg: HamburgerConfig
+
+  def setup(self):
+    self.base = LlamaModel(self.cfg.base)
+    self.embedder = CompositionalEmbedder(self.cfg)
+    self.micro_decoder = MicroStepDecoder(self.cfg)
+
+  # --- pieces shared by training and decoding -------------------------------------------------
+
+  def embed_groups(self, group_tokens, group_lengths):
+    """group_tokens [..., S], group_lengths [...] -> merged input embeddings [..., D]."""
+    return self.embedder(self.base.embed(group_tokens), group_lengths)
+
+  def base_forward(self, group_tokens, group_lengths, positions, segment_ids=None, cache=None,
+                   cache_slots=None, return_logits: bool = False) -> LlamaOutput:
+    """Base model over merged inputs [B, T, S] (+ lengths [B, T]); features [B, T, F, D]."""
+    x = self.embed_groups(group_tokens, group_lengths)
+    return self.base(embeddings=x, positions=positions, segment_ids=segment_ids, cache=cache,
+                     cache_slots=cache_slots, feature_layers=self.cfg.feature_layers,
+                     return_logits=return_logits)
+
+  def heads(self, hidden):
+    """Micro outputs [..., D] -> (logits [..., V], stop logits [...]), both float32."""
+    return self.base.logits(hidden), self.micro_decoder.stop(hidden)
+
+  # --- decoding ---------------------------------------------------------------------------------
+
+  def micro_prefill(self, features):
+    """features [B, F, D] -> a fresh micro-decoder KV cache holding the features."""
+    return self.micro_decoder.prefill(features)
+
+  def micro_step(self, prev_tokens, step, cache):
+    """Micro step `step` >= 1 given the previous micro step's tokens [B] -> (out [B, D], cache)."""
+    return self.micro_decoder.step(self.base.embed(prev_tokens), step, cache)
+
+  # --- training ---------------------------------------------------------------------------------
+
+  def __call__(self, batch: Mapping[str, Any]) -> TrainOutput:
+    """Teacher-forced forward over a packed batch (fields of `hamburger_jax.batch`)."""
+    s = self.cfg.max_steps
+    out = self.base_forward(batch["group_tokens"], batch["group_lengths"], batch["positions"],
+                            batch["segment_ids"])
+    b, m, f, d = out.features.shape
+    teacher = self.base.embed(batch["target_tokens"][..., :s - 1])      # [B, M, S-1, D]
+    micro = self.micro_decoder.teacher_forced(out.features.reshape(b * m, f, d),
+                                              teacher.reshape(b * m, s - 1, d))
+    micro = micro.reshape(b, m, s, d)
+    logits, stops = self.heads(micro)
+    embeddings = self.embed_groups(batch["group_tokens"], batch["group_lengths"])
+    return TrainOutput(logits, stops, embeddings, out.features, micro)
+
+
+def dummy_batch(cfg: HamburgerConfig, rows: int = 1, length: int = 2) -> dict[str, jax.Array]:
+  """A zero batch of the training format (for init and eval_shape)."""
+  s = cfg.max_steps
+  z2 = jnp.zeros((rows, length), jnp.int32)
+  z3 = jnp.zeros((rows, length, s), jnp.int32)
+  return {"group_tokens": z3, "group_lengths": z2 + 1, "positions": z2, "segment_ids": z2 + 1,
+          "target_tokens": z3, "target_lengths": z2}
+
+
+def init_params(cfg: HamburgerConfig, rng: jax.Array, boxed: bool = False):
+  """Random HAMburger parameters (unboxed arrays unless `boxed`, which keeps logical axes)."""
+  params = HamburgerModel(cfg).init(rng, dummy_batch(cfg))["params"]
+  return params if boxed else nn.meta.unbox(params)
+
+
+def param_count(tree) -> int:
+  return sum(int(x.size) for x in jax.tree_util.tree_leaves(tree))

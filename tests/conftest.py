@@ -1,0 +1,14 @@
+"""Shared test setup: CPU, float32 matmuls at full precision, the repo on sys.path."""
+
+import os
+import sys
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+
+jax.config.update("jax_default_matmul_precision", "highest")
+
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
+OFFICIAL_TINY = os.path.join(FIXTURES, "official_tiny")
