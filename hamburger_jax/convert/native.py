@@ -17,6 +17,7 @@ import numpy as np
 from hamburger_jax.config import HamburgerConfig, LlamaConfig
 from hamburger_jax.convert.errors import CheckpointError
 from hamburger_jax.convert.safetensors_io import read_safetensors, write_safetensors
+from hamburger_jax.convert.tree_map import is_float_dtype
 from hamburger_jax.model import init_params
 
 CONFIG_FILE = "hamburger_config.json"
@@ -89,7 +90,7 @@ def load_hamburger(directory: str, base_params=None, **dtype_overrides) -> tuple
     if tuple(arr.shape) != tuple(spec.shape):
       raise CheckpointError(f"{directory}: {key} has shape {tuple(arr.shape)}, the config expects "
                             f"{tuple(spec.shape)}.")
-    if not np.issubdtype(arr.dtype, np.floating):
+    if not is_float_dtype(arr.dtype):
       raise CheckpointError(f"{directory}: {key} has dtype {arr.dtype}; floating point expected.")
     out[key] = np.asarray(arr, dtype=spec.dtype)
   return cfg, unflatten(out)

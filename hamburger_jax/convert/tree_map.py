@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Callable, Mapping
 
 import jax
+import ml_dtypes
 import numpy as np
 
 from hamburger_jax.convert.errors import CheckpointError
@@ -59,6 +60,11 @@ def _set(tree, path, value):
   tree[path[-1]] = value
 
 
+def is_float_dtype(dtype) -> bool:
+  """True for numpy floats and ml_dtypes' bfloat16 (which numpy does not count as floating)."""
+  return np.issubdtype(dtype, np.floating) or dtype == ml_dtypes.bfloat16
+
+
 def load_into_tree(key_map: KeyMap, get_tensor: Callable[[str], np.ndarray], available: set[str],
                    abstract_params, source: str):
   """Fills a params tree shaped like `abstract_params` (ShapeDtypeStructs) from torch tensors.
@@ -75,7 +81,7 @@ def load_into_tree(key_map: KeyMap, get_tensor: Callable[[str], np.ndarray], ava
   for key, (path, transpose) in key_map.items():
     target = _get(abstract_params, path)
     arr = get_tensor(key)
-    if not np.issubdtype(arr.dtype, np.floating):
+    if not is_float_dtype(arr.dtype):
       raise CheckpointError(f"{source}: {key} has dtype {arr.dtype}; a floating-point weight is "
                             "expected.")
     if transpose:

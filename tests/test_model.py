@@ -1,0 +1,146 @@
+"""Properties of the HAMburger model: embedder, packing, cached vs full forwards, presets."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hamburger_jax.attention import init_cache
+from hamburger_jax.batch import make_batch
+from hamburger_jax.config import get_preset
+from hamburger_jax.model import HamburgerModel, init_params, param_count
+
+CFG = get_preset("tiny")
+PARAMS = init_params(CFG, jax.random.PRNGKey(0))
+MODEL = HamburgerModel(CFG)
+V, S = CFG.base.vocab_size, CFG.max_steps
+
+
+def apply(method, *args, **kw):
+  return MODEL.apply({"params": PARAMS}, *args, method=method, **kw)
+
+
+def random_params_nonzero_bias():
+  # Zero-initialised biases would hide bias bugs: perturb every leaf.
+  leaves, tree = jax.tree_util.tree_flatten(PARAMS)
+  keys = jax.random.split(jax.random.PRNGKey(1), len(leaves))
+  return jax.tree_util.tree_unflatten(
+      tree, [x + 0.05 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
+
+
+def test_group_of_one_is_plain_embedding():
+  tokens = jnp.array([[5, 9, 9, 9], [7, 0, 0, 0]])
+  merged = apply(HamburgerModel.embed_groups, tokens, jnp.array([1, 1]))
+  plain = PARAMS["base"]["embed_tokens"]["embedding"][tokens[:, 0]]
+  np.testing.assert_array_equal(np.asarray(merged), np.asarray(plain))
+
+
+def test_padding_beyond_group_length_changes_nothing():
+  params = random_params_nonzero_bias()
+  rng = np.random.RandomState(0)
+  for length in range(2, S + 1):
+    a = rng.randint(3, V, (S,))
+    b = a.copy()
+    b[length:] = rng.randint(3, V, (S - length,))
+    out = MODEL.apply({"params": params}, jnp.stack([a, b]), jnp.array([length, length]),
+                      method=HamburgerModel.embed_groups)
+    np.testing.assert_allclose(out[0], out[1], atol=1e-6)
+    # ...while the tokens inside the group do matter.
+    c = a.copy()
+    c[0] = (c[0] + 1) % V
+    out_c = MODEL.apply({"params": params}, jnp.array(c)[None], jnp.array([length]),
+                        method=HamburgerModel.embed_groups)
+    assert np.abs(np.asarray(out_c[0] - out[0])).max() > 1e-4
+
+
+def _examples(rng, n):
+  out = []
+  for _ in range(n):
+    prompt = rng.randint(3, V, rng.randint(1, 6))
+    steps = rng.randint(1, S + 1, rng.randint(1, 5))
+    out.append((prompt, rng.randint(3, V, steps.sum()), steps))
+  return out
+
+
+def test_packed_rows_equal_one_example_per_row():
+  params = random_params_nonzero_bias()
+  examples = _examples(np.random.RandomState(2), 5)
+  packed = make_batch(examples, S, seq_len=64)
+  single = make_batch(examples, S, seq_len=64, pack=False)
+  assert packed["group_tokens"].shape[0] < len(examples)   # really packed
+  run = lambda b: MODEL.apply({"params": params}, jax.tree_util.tree_map(jnp.asarray, b))
+  out_p, out_s = run(packed), run(single)
+  pick = lambda b, x: np.asarray(x)[np.arange(S) < b["target_lengths"][..., None]]
+  np.testing.assert_allclose(pick(packed, out_p.logits), pick(single, out_s.logits), atol=2e-5)
+  np.testing.assert_allclose(pick(packed, out_p.stop_logits), pick(single, out_s.stop_logits),
+                             atol=2e-5)
+
+
+def test_cached_base_forward_equals_full_forward():
+  """Prefill then one macro input at a time through the KV cache == one full forward."""
+  rng = np.random.RandomState(3)
+  groups = rng.randint(3, V, (2, 10, S))
+  lengths = rng.randint(1, S + 1, (2, 10))
+  positions = np.cumsum(lengths, axis=1) - 1
+  full = apply(HamburgerModel.base_forward, groups, lengths, positions, jnp.ones((2, 10), int))
+  cache = init_cache(CFG.base, CFG.base.num_layers, 2, 16)
+  out = apply(HamburgerModel.base_forward, groups[:, :6], lengths[:, :6], positions[:, :6],
+              cache=cache, cache_slots=jnp.zeros(2, jnp.int32))
+  feats = [out.features]
+  cache = out.cache
+  for t in range(6, 10):
+    out = apply(HamburgerModel.base_forward, groups[:, t:t + 1], lengths[:, t:t + 1],
+                positions[:, t:t + 1], cache=cache, cache_slots=jnp.full((2,), t, jnp.int32))
+    cache = out.cache
+    feats.append(out.features)
+  np.testing.assert_allclose(np.concatenate(feats, 1), full.features, atol=1e-5)
+
+
+def test_micro_step_mode_equals_teacher_forced():
+  rng = np.random.RandomState(4)
+  feats = jnp.asarray(rng.randn(3, CFG.num_features, CFG.base.hidden_size).astype(np.float32))
+  tokens = rng.randint(3, V, (3, S))
+  emb = PARAMS["base"]["embed_tokens"]["embedding"][tokens[:, :S - 1]]
+  tf = MODEL.apply({"params": PARAMS}, feats, emb,
+                   method=lambda m, f, e: m.micro_decoder.teacher_forced(f, e))
+  cache = apply(HamburgerModel.micro_prefill, feats)
+  outs = [feats[:, -1]]
+  for j in range(1, S):
+    h, cache = apply(HamburgerModel.micro_step, jnp.asarray(tokens[:, j - 1]), j, cache)
+    outs.append(h)
+  np.testing.assert_allclose(np.stack(outs, 1), tf, atol=1e-5)
+
+
+def test_llama3_1b_preset_parameter_count():
+  cfg = get_preset("llama3.2-1b")
+  shapes = jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0)))
+  base = param_count(shapes["base"])
+  grafted = param_count(shapes) - base
+  assert 1.235e9 < base < 1.237e9, base          # Llama-3.2-1B: 1,235,814,400
+  assert grafted == param_count(shapes["embedder"]) + param_count(shapes["micro_decoder"])
+  assert shapes["embedder"]["pos"].shape == (4, 1024)
+  assert shapes["embedder"]["k_proj"]["kernel"].shape == (3072, 2048)
+
+
+def test_bf16_compute():
+  cfg = CFG.replace(base=dataclasses.replace(CFG.base, dtype="bfloat16"))
+  batch = make_batch(_examples(np.random.RandomState(5), 2), S, seq_len=32)
+  out = HamburgerModel(cfg).apply({"params": PARAMS}, jax.tree_util.tree_map(jnp.asarray, batch))
+  ref = MODEL.apply({"params": PARAMS}, jax.tree_util.tree_map(jnp.asarray, batch))
+  assert out.micro_outputs.dtype == jnp.bfloat16 and out.logits.dtype == jnp.float32
+  keep = np.arange(S) < batch["target_lengths"][..., None]
+  err = np.abs(np.asarray(out.logits)[keep] - np.asarray(ref.logits)[keep]).max()
+  assert err < 0.05 * np.abs(np.asarray(ref.logits)[keep]).max()
+
+
+def test_params_carry_logical_axes():
+  import flax.linen as nn
+  boxed = init_params(CFG, jax.random.PRNGKey(0), boxed=True)
+  specs = nn.get_partition_spec(boxed)
+  assert tuple(specs["base"]["embed_tokens"]["embedding"]) == ("vocab", "embed")
+  assert tuple(specs["base"]["layers_0"]["self_attn"]["k_proj"]["kernel"]) == ("embed", "kv_heads")
+  assert tuple(specs["micro_decoder"]["layers_0"]["mlp"]["down_proj"]["kernel"]) == ("mlp", "embed")
+  leaves = jax.tree_util.tree_leaves(specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+  assert all(all(a is not None for a in spec) for spec in leaves)
