@@ -1,0 +1,51 @@
+"""Self-distillation: replace every response by the base model's own (greedy) answer.
+
+The decoder is any callable `generate(prompt_ids_list) -> response_ids_list` (lists of int lists;
+e.g. a wrapper around `hamburger_jax.sampler`). It should return each answer with its end token
+and at most the budget it was given; answers are re-checked against `max_length` here.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Callable, Iterable, Iterator, Sequence
+
+import numpy as np
+
+from hamburger_jax.data.tokenize import TokenizeConfig, TokenizedExample, fit_length
+
+GenerateFn = Callable[[Sequence[Sequence[int]]], Sequence[Sequence[int]]]
+
+
+def self_distill(examples: Iterable[TokenizedExample], generate: GenerateFn, cfg: TokenizeConfig,
+                 batch_size: int = 32,
+                 counters: collections.Counter | None = None) -> Iterator[TokenizedExample]:
+  """Yields the examples with responses from `generate`, `batch_size` prompts per call.
+
+  Empty answers are skipped (`counters['skipped_empty_distilled']`); long ones follow
+  `cfg.overlong` like any response.
+  """
+  counters = collections.Counter() if counters is None else counters
+  batch: list[TokenizedExample] = []
+
+  def flush():
+    prompts = [ex.prompt.tolist() for ex in batch]
+    answers = list(generate(prompts))
+    if len(answers) != len(prompts):
+      raise ValueError(f"generate returned {len(answers)} answers for {len(prompts)} prompts.")
+    for ex, answer in zip(batch, answers):
+      answer = [int(t) for t in answer]
+      if not answer:
+        counters["skipped_empty_distilled"] += 1
+        continue
+      counters["distilled"] += 1
+      for p, r in fit_length(ex.prompt, answer, cfg, counters):
+        yield TokenizedExample(np.asarray(p, np.int32), np.asarray(r, np.int32), ex.origin)
+
+  for ex in examples:
+    batch.append(ex)
+    if len(batch) == batch_size:
+      yield from flush()
+      batch = []
+  if batch:
+    yield from flush()

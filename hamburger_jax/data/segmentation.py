@@ -1,0 +1,145 @@
+"""Entropy segmentation: score response tokens with the base model, then group them (spec §7).
+
+`Scorer` runs the base model, jitted, on batches of prompt+response sequences padded to a few
+length buckets (one compile per bucket: the rows per batch are a function of the bucket), and
+returns for every token i the value of the distribution that predicts it, i.e. the logits at
+position i - 1: its entropy, or 1 - p(token i) with metric 'probability'.
+`segment_examples` then turns each response's values into group sizes with a strategy.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Callable, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hamburger_jax.config import LlamaConfig
+from hamburger_jax.data.strategies import SegmentationConfig, group_sizes
+from hamburger_jax.data.tokenize import TokenizedExample
+from hamburger_jax.llama import LlamaModel
+
+
+class SegmentedExample(NamedTuple):
+  """The stored example: tokens int32 [T + R], T, and group sizes int32 [k] (sum = R)."""
+  tokens: np.ndarray
+  prompt_length: int
+  steps: np.ndarray
+
+
+def default_buckets(max_length: int, min_bucket: int = 32) -> tuple[int, ...]:
+  """32, 48, 64, 96, 128, 192, .. (powers of two and 1.5x between), up to >= max_length."""
+  buckets, p = [], min_bucket
+  while True:
+    for b in (p, p * 3 // 2):
+      buckets.append(b)
+      if b >= max_length:
+        return tuple(buckets)
+    p *= 2
+
+
+def _token_values(cfg: LlamaConfig, metric: str, params, tokens, lengths):
+  """tokens [B, L], lengths [B] -> values [B, L]: value of token i from the logits at i - 1."""
+  seq = tokens.shape[1]
+  segment_ids = (jnp.arange(seq)[None, :] < lengths[:, None]).astype(jnp.int32)
+  logits = LlamaModel(cfg).apply({"params": params}, tokens, segment_ids=segment_ids).logits
+  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)      # [B, L, V]
+  if metric == "entropy":
+    v = -jnp.sum(jnp.exp(logp) * logp, axis=-1)[:, :-1]               # [B, L - 1]
+  else:
+    nxt = tokens[:, 1:, None]
+    v = 1.0 - jnp.exp(jnp.take_along_axis(logp[:, :-1], nxt, axis=-1)[..., 0])
+  return jnp.concatenate([jnp.zeros_like(v[:, :1]), v], axis=1)
+
+
+class Scorer:
+  """Per-token values of whole sequences under the base model (jitted, bucketed, batched)."""
+
+  def __init__(self, model_cfg: LlamaConfig, params, metric: str = "entropy",
+               buckets: Sequence[int] = (), max_length: int = 2048, tokens_per_batch: int = 8192,
+               max_rows: int = 256):
+    if metric not in ("entropy", "probability"):
+      raise ValueError(f"Unknown metric {metric!r}: use 'entropy' or 'probability'.")
+    self.model_cfg = model_cfg
+    self.params = params
+    self.buckets = tuple(sorted(buckets)) or default_buckets(max_length)
+    self.tokens_per_batch = tokens_per_batch
+    self.max_rows = max_rows
+    self.num_traces = 0   # compiles so far: at most one per bucket
+
+    def fn(params, tokens, lengths):
+      self.num_traces += 1
+      return _token_values(model_cfg, metric, params, tokens, lengths)
+    self._fn = jax.jit(fn)
+
+  def bucket(self, length: int) -> int:
+    for b in self.buckets:
+      if length <= b:
+        return b
+    raise ValueError(f"A sequence of {length} tokens exceeds the largest bucket "
+                     f"{self.buckets[-1]}: raise max_length / pass larger buckets.")
+
+  def rows(self, bucket: int) -> int:
+    """Rows per batch for a bucket: the largest power of two within the token budget."""
+    n = max(1, min(self.max_rows, self.tokens_per_batch // bucket))
+    return 1 << (n.bit_length() - 1)
+
+  def _batches(self, seqs: Sequence[np.ndarray]):
+    by_bucket: dict[int, list[int]] = collections.defaultdict(list)
+    for i, s in enumerate(seqs):
+      by_bucket[self.bucket(len(s))].append(i)
+    for b in sorted(by_bucket):
+      idx, rows = by_bucket[b], self.rows(b)
+      for start in range(0, len(idx), rows):
+        members = idx[start:start + rows]
+        tokens = np.zeros((rows, b), np.int32)
+        lengths = np.zeros((rows,), np.int32)
+        for r, i in enumerate(members):
+          tokens[r, :len(seqs[i])] = seqs[i]
+          lengths[r] = len(seqs[i])
+        yield members, tokens, lengths
+
+  def score(self, seqs: Sequence[np.ndarray],
+            on_batch: Callable[[int], None] | None = None) -> list[np.ndarray]:
+    """Sequences (int [L_i]) -> values (float32 [L_i]; entry 0 is 0, it has no predictor)."""
+    out: list[np.ndarray | None] = [None] * len(seqs)
+
+    def collect(members, values):
+      values = np.asarray(values)
+      for r, i in enumerate(members):
+        out[i] = values[r, :len(seqs[i])]
+      if on_batch is not None:
+        on_batch(len(members))
+
+    pending = None
+    for members, tokens, lengths in self._batches(seqs):
+      result = self._fn(self.params, tokens, lengths)   # dispatched; overlaps the next batch
+      if pending is not None:
+        collect(*pending)
+      pending = (members, result)
+    if pending is not None:
+      collect(*pending)
+    return out
+
+
+def segment_examples(examples: Sequence[TokenizedExample], scorer: Scorer, cfg: SegmentationConfig,
+                     on_batch: Callable[[int], None] | None = None) -> list[SegmentedExample]:
+  """Scores and groups every response (in input order)."""
+  seqs = [np.concatenate([ex.prompt, ex.response]).astype(np.int32) for ex in examples]
+  values = scorer.score(seqs, on_batch)
+  grouper_vocab = cfg.vocab_size or scorer.model_cfg.vocab_size
+  out = []
+  for ex, seq, v in zip(examples, seqs, values):
+    t = len(ex.prompt)
+    steps = group_sizes(v[t:], cfg, grouper_vocab)
+    out.append(SegmentedExample(seq, t, steps))
+  return out
+
+
+def unit_segments(examples: Sequence[TokenizedExample]) -> list[SegmentedExample]:
+  """Plain language-model data: every group has one token (no model needed)."""
+  return [SegmentedExample(np.concatenate([ex.prompt, ex.response]).astype(np.int32),
+                           len(ex.prompt), np.ones(len(ex.response), np.int32))
+          for ex in examples]
