@@ -1,6 +1,6 @@
 """Training data for HAMburger: sources, tokenization, entropy segmentation, TFDS, grain.
 
-Preparing (once):   `python -m hamburger_jax.data.prepare ...` or `prepare(PrepareConfig(...))`.
+Preparing (once):   `python -m hamburger_jax.data.prepare ...` or `prepare_dataset(PrepareConfig(...))`.
 Training (per step): `it = make_iterator(PipelineConfig(...)); batch = next(it)`;
                      `save_iterator(it, dir)` / `restore_iterator(it, dir)` with the checkpoint.
 """
@@ -9,7 +9,7 @@ from hamburger_jax.data.builder import data_source, dataset_dir, dataset_exists,
 from hamburger_jax.data.distill import self_distill
 from hamburger_jax.data.pipeline import (PipelineConfig, batch_spec, make_dataset, make_iterator,
                                          restore_iterator, save_iterator)
-from hamburger_jax.data.prepare import PrepareConfig, PrepareResult, prepare
+from hamburger_jax.data.prepare import PrepareConfig, PrepareResult, prepare_dataset
 from hamburger_jax.data.segmentation import Scorer, SegmentedExample, segment_examples
 from hamburger_jax.data.sources import DataError, RawExample, SourceConfig, read_examples
 from hamburger_jax.data.stats import SegmentStats

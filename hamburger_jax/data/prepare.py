@@ -36,7 +36,7 @@ from hamburger_jax.data.tokenize import ChatTokenizer, TokenizeConfig, tokenize_
 
 @dataclasses.dataclass(frozen=True)
 class PrepareConfig:
-  """Everything `prepare` needs besides the model."""
+  """Everything `prepare_dataset` needs besides the model."""
   source: SourceConfig
   tokenize: TokenizeConfig
   segmentation: SegmentationConfig
@@ -100,7 +100,7 @@ def _segment_to_chunks(cfg: PrepareConfig, examples, model, store: ChunkStore, p
   return n_chunks
 
 
-def prepare(cfg: PrepareConfig, model: tuple[Any, Any] | None = None,
+def prepare_dataset(cfg: PrepareConfig, model: tuple[Any, Any] | None = None,
             generate: distill.GenerateFn | None = None, progress: bool = True) -> PrepareResult:
   """Builds `DATA_DIR/hamburger_sft/NAME/VERSION` (see module docstring); returns its stats.
 
@@ -232,7 +232,7 @@ def main(argv: Sequence[str] | None = None) -> PrepareResult:
       mod, _, fn = a.distill.partition(":")
       generate = getattr(importlib.import_module(mod), fn)(*(model or (None, None)),
                                                            ChatTokenizer(tcfg))
-  result = prepare(cfg, model, generate, progress=not a.no_progress)
+  result = prepare_dataset(cfg, model, generate, progress=not a.no_progress)
   if result.skipped:
     print(f"{result.path} exists: kept (pass --overwrite to rebuild).")
   else:

@@ -10,6 +10,7 @@ position i - 1: its entropy, or 1 - p(token i) with metric 'probability'.
 from __future__ import annotations
 
 import collections
+import functools
 from typing import Callable, NamedTuple, Sequence
 
 import jax
@@ -40,8 +41,14 @@ def default_buckets(max_length: int, min_bucket: int = 32) -> tuple[int, ...]:
     p *= 2
 
 
+# Traces (= compiles) of `_token_values` so far, per (model config, metric).
+TRACES: collections.Counter = collections.Counter()
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
 def _token_values(cfg: LlamaConfig, metric: str, params, tokens, lengths):
   """tokens [B, L], lengths [B] -> values [B, L]: value of token i from the logits at i - 1."""
+  TRACES[(cfg, metric)] += 1
   seq = tokens.shape[1]
   segment_ids = (jnp.arange(seq)[None, :] < lengths[:, None]).astype(jnp.int32)
   logits = LlamaModel(cfg).apply({"params": params}, tokens, segment_ids=segment_ids).logits
@@ -67,12 +74,12 @@ class Scorer:
     self.buckets = tuple(sorted(buckets)) or default_buckets(max_length)
     self.tokens_per_batch = tokens_per_batch
     self.max_rows = max_rows
-    self.num_traces = 0   # compiles so far: at most one per bucket
+    self.metric = metric
 
-    def fn(params, tokens, lengths):
-      self.num_traces += 1
-      return _token_values(model_cfg, metric, params, tokens, lengths)
-    self._fn = jax.jit(fn)
+  @property
+  def num_traces(self) -> int:
+    """Compiles so far for this model and metric (shared by Scorers): one per bucket."""
+    return TRACES[(self.model_cfg, self.metric)]
 
   def bucket(self, length: int) -> int:
     for b in self.buckets:
@@ -115,7 +122,8 @@ class Scorer:
 
     pending = None
     for members, tokens, lengths in self._batches(seqs):
-      result = self._fn(self.params, tokens, lengths)   # dispatched; overlaps the next batch
+      # Dispatched asynchronously: the device works while the host builds the next batch.
+      result = _token_values(self.model_cfg, self.metric, self.params, tokens, lengths)
       if pending is not None:
         collect(*pending)
       pending = (members, result)

@@ -78,6 +78,7 @@ class ChatTokenizer:
     except Exception as e:  # pylint: disable=broad-except
       raise DataError(f"Cannot load tokenizer {cfg.tokenizer_path!r} ({e}): pass a "
                       "`tokenizers` tokenizer.json file.") from e
+    self.tok.encode_special_tokens = True   # special tokens in text stay text
     self.cfg = cfg
     self.template = self._resolve_template(cfg.template) if cfg.mode == "sft" else "lm"
     self.bos_id = self._find(cfg.bos_token, _BOS_NAMES, "bos_token")

@@ -62,7 +62,7 @@ def tiny_llama(vocab_size: int, num_layers: int = 2) -> LlamaConfig:
 def tiny_model():
   """(LlamaConfig, params) of a 2-layer random model with a 512-token vocabulary."""
   cfg = tiny_llama(512)
-  return cfg, init_llama_params(cfg, jax.random.PRNGKey(0))
+  return cfg, jax.jit(lambda key: init_llama_params(cfg, key))(jax.random.PRNGKey(0))
 
 
 def random_examples(n: int, seed: int = 0, max_prompt: int = 6, max_response: int = 12,
