@@ -9,6 +9,3 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
-
-FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
-OFFICIAL_TINY = os.path.join(FIXTURES, "official_tiny")

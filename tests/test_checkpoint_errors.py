@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 import pytest
 
-from conftest import OFFICIAL_TINY
+from fixture_paths import OFFICIAL_TINY
 from hamburger_jax.config import get_preset
 from hamburger_jax.convert import (CheckpointError, load_hamburger, load_hf_llama, load_model,
                                    load_original, save_hamburger)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from conftest import OFFICIAL_TINY
+from fixture_paths import OFFICIAL_TINY
 from hamburger_jax.batch import example_to_macro, make_batch
 from hamburger_jax.config import HamburgerConfig, LlamaConfig, get_preset
 

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import OFFICIAL_TINY
+from fixture_paths import OFFICIAL_TINY
 from hamburger_jax.batch import make_batch
 from hamburger_jax.convert import load_original
 from hamburger_jax.losses import hamburger_loss
