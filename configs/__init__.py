@@ -1,0 +1,1 @@
+"""Experiment configs: `get_config()` files loaded by `train.py --config configs/<name>.py`."""
