@@ -9,9 +9,16 @@ from hamburger_jax.data.builder import data_source, dataset_dir, dataset_exists,
 from hamburger_jax.data.distill import self_distill
 from hamburger_jax.data.pipeline import (PipelineConfig, batch_spec, make_dataset, make_iterator,
                                          restore_iterator, save_iterator)
-from hamburger_jax.data.prepare import PrepareConfig, PrepareResult, prepare_dataset
 from hamburger_jax.data.segmentation import Scorer, SegmentedExample, segment_examples
 from hamburger_jax.data.sources import DataError, RawExample, SourceConfig, read_examples
 from hamburger_jax.data.stats import SegmentStats
 from hamburger_jax.data.strategies import SegmentationConfig, entropy_threshold, group_sizes
 from hamburger_jax.data.tokenize import ChatTokenizer, TokenizeConfig, TokenizedExample, tokenize_examples
+
+
+def __getattr__(name):
+  # `prepare` is also a `python -m` entry point: import it only when asked for.
+  if name in ("PrepareConfig", "PrepareResult", "prepare_dataset"):
+    from hamburger_jax.data import prepare  # pylint: disable=g-import-not-at-top
+    return getattr(prepare, name)
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

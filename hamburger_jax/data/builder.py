@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 import tensorflow_datasets as tfds
-from tensorflow_datasets.core import registered
+from tensorflow_datasets.core.utils import tqdm_utils
 
 BUILDER_NAME = "hamburger_sft"
 DEFAULT_VERSION = "1.0.0"
@@ -36,33 +36,45 @@ def features() -> tfds.features.FeaturesDict:
   })
 
 
-with registered.skip_registration():
+class HamburgerSft(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+  """Writes given splits of segmented examples (config name = dataset name)."""
+  VERSION = tfds.core.Version(DEFAULT_VERSION)
 
-  class HamburgerSft(tfds.core.GeneratorBasedBuilder):
-    """Writes given splits of segmented examples (config name = dataset name)."""
-    VERSION = tfds.core.Version(DEFAULT_VERSION)
+  def __init__(self, *, splits: Mapping[str, ExamplesFn],
+               metadata: Mapping[str, Any] | None = None, **kwargs):
+    self._splits = dict(splits)
+    self._metadata = dict(metadata or {})
+    super().__init__(**kwargs)
 
-    def __init__(self, *, splits: Mapping[str, ExamplesFn],
-                 metadata: Mapping[str, Any] | None = None, **kwargs):
-      self._splits = dict(splits)
-      self._metadata = dict(metadata or {})
-      super().__init__(**kwargs)
+  def _info(self) -> tfds.core.DatasetInfo:
+    return tfds.core.DatasetInfo(
+        builder=self, description="HAMburger training examples: tokens, prompt length, groups.",
+        features=features(), disable_shuffling=True,
+        metadata=tfds.core.MetadataDict(self._metadata))
 
-    def _info(self) -> tfds.core.DatasetInfo:
-      return tfds.core.DatasetInfo(
-          builder=self, description="HAMburger training examples: tokens, prompt length, groups.",
-          features=features(), disable_shuffling=True,
-          metadata=tfds.core.MetadataDict(self._metadata))
+  def _split_generators(self, dl_manager):
+    del dl_manager
+    return {split: self._generate_examples(fn) for split, fn in self._splits.items()}
 
-    def _split_generators(self, dl_manager):
-      del dl_manager
-      return {split: self._generate_examples(fn) for split, fn in self._splits.items()}
+  def _generate_examples(self, examples_fn: ExamplesFn):
+    for i, ex in enumerate(examples_fn()):
+      yield i, {"tokens": np.asarray(ex.tokens, np.int32),
+                "prompt_length": np.int32(ex.prompt_length),
+                "steps": np.asarray(ex.steps, np.int32)}
 
-    def _generate_examples(self, examples_fn: ExamplesFn):
-      for i, ex in enumerate(examples_fn()):
-        yield i, {"tokens": np.asarray(ex.tokens, np.int32),
-                  "prompt_length": np.int32(ex.prompt_length),
-                  "steps": np.asarray(ex.steps, np.int32)}
+  # TFDS's "Downloading and preparing .." lines would name the temporary directory: say nothing.
+  def _log_download_bytes(self) -> None:
+    pass
+
+  def _log_download_done(self) -> None:
+    pass
+
+
+def _builder_class(config: tfds.core.BuilderConfig) -> type[HamburgerSft]:
+  """HamburgerSft with `config` as its one known config (no 'custom configuration' warning)."""
+  return type("HamburgerSft", (HamburgerSft,), {"BUILDER_CONFIGS": [config],
+                                                  "__module__": __name__},
+              skip_registration=True)
 
 
 def check_name(name: str) -> None:
@@ -81,22 +93,31 @@ def dataset_exists(data_dir: str, name: str, version: str = DEFAULT_VERSION) -> 
 
 def write_dataset(splits: Mapping[str, ExamplesFn], data_dir: str, name: str,
                   version: str = DEFAULT_VERSION, metadata: Mapping[str, Any] | None = None,
-                  overwrite: bool = False) -> str:
+                  overwrite: bool = False, progress: bool = True) -> str:
   """Writes the splits as array_record; returns the version directory.
 
   The files are written under a temporary directory and moved into place at the end, so a crash
   leaves any earlier version intact. An existing version is kept unless `overwrite`.
   """
   check_name(name)
+  if progress:
+    from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+    splits = {k: (lambda fn=fn, k=k: tqdm(fn(), desc=f"writing {k}", unit="ex"))
+              for k, fn in splits.items()}
   final = dataset_dir(data_dir, name, version)
   if dataset_exists(data_dir, name, version) and not overwrite:
     return final
   tmp_root = os.path.join(data_dir, f".tmp-{name}-{version}")
   shutil.rmtree(tmp_root, ignore_errors=True)
-  builder = HamburgerSft(splits=splits, metadata=metadata, data_dir=tmp_root,
-                         config=tfds.core.BuilderConfig(name=name, version=version),
-                         file_format="array_record")
-  builder.download_and_prepare()
+  config = tfds.core.BuilderConfig(name=name, version=version)
+  builder = _builder_class(config)(splits=splits, metadata=metadata, data_dir=tmp_root,
+                                   config=name, file_format="array_record")
+  was_on = getattr(tqdm_utils, "_active", True)
+  tfds.disable_progress_bar()   # its bars name the temporary directory; ours is below
+  try:
+    builder.download_and_prepare()
+  finally:
+    tfds.display_progress_bar(was_on)
   built = dataset_dir(tmp_root, name, version)
   if os.path.isdir(final):
     shutil.rmtree(final)

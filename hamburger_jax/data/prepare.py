@@ -147,7 +147,7 @@ def prepare_dataset(cfg: PrepareConfig, model: tuple[Any, Any] | None = None,
               "max_steps": cfg.segmentation.max_steps, "vocab_size": tok.vocab_size,
               "settings": settings}
   path = builder.write_dataset(splits, cfg.data_dir, cfg.name, cfg.version, metadata,
-                               overwrite=cfg.overwrite)
+                               overwrite=cfg.overwrite, progress=progress)
   store.clear()
   return PrepareResult(path, stats.to_dict(), dict(counters), time.time() - start, False)
 
@@ -163,7 +163,7 @@ def load_model(spec: str, model_path: str | None, vocab_size: int, seed: int = 0
       raise ValueError(f"Unknown preset {arg!r}; known: {sorted(BASE_PRESETS)}.")
     cfg = dataclasses.replace(BASE_PRESETS[arg],
                               vocab_size=max(vocab_size, BASE_PRESETS[arg].vocab_size))
-    return cfg, init_llama_params(cfg, jax.random.PRNGKey(seed))
+    return cfg, jax.jit(lambda key: init_llama_params(cfg, key))(jax.random.PRNGKey(seed))
   if not arg:
     raise ValueError(f"--model {spec!r}: use random:PRESET or MODULE:FUNCTION.")
   loader: Callable[..., Any] = getattr(importlib.import_module(kind), arg)

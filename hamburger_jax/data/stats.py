@@ -53,6 +53,7 @@ class SegmentStats:
       n = self.histogram[size]
       bar = "#" * max(1, round(width * n / top))
       lines.append(f"  {size:>2}  {n:>10}  {100 * n / total:5.1f}%  {bar}")
-    for k, v in sorted((counters or {}).items()):
-      lines.append(f"{k:<17} {v}")
+    if counters:
+      lines.append("input:")
+      lines += [f"  {k:<24} {v}" for k, v in sorted(counters.items())]
     return "\n".join(lines)

@@ -207,5 +207,5 @@ def tokenize_examples(raws: Iterable[RawExample], tokenizer: ChatTokenizer,
                       "bos_token, or give every record a prompt.")
     response = tokenizer.encode_response(raw.response)
     for p, r in fit_length(prompt, response, tokenizer.cfg, counters):
-      counters["examples"] += 1
+      counters["tokenized"] += 1
       yield TokenizedExample(np.asarray(p, np.int32), np.asarray(r, np.int32), raw.origin)

@@ -111,5 +111,5 @@ def test_unit_segments_and_stats():
   assert stats.histogram == collections.Counter({1: 4, 4: 1, 2: 1})
   assert stats.tokens_per_group == pytest.approx(10 / 6)
   text = stats.format({"skipped_empty_response": 2})
-  assert "tokens per group  1.667" in text and "skipped_empty_response 2" in text
+  assert "tokens per group  1.667" in text and "skipped_empty_response   2" in text
   assert stats.to_dict()["group_size_histogram"] == {"1": 4, "2": 1, "4": 1}
