@@ -160,3 +160,41 @@ def test_cli(tmp_path, tokenizer_files, tiny_model, helpers, monkeypatch, capsys
   assert len(_read(str(tmp_path / "d"), "cli")) == 24 and result.stats["examples"] == 24
   prepare_lib.main(argv)
   assert "exists: kept" in capsys.readouterr().out
+
+
+def test_self_distillation_hook(tmp_path, tokenizer_files, tiny_model, helpers):
+  cfg = _config(tmp_path, tokenizer_files["llama3"], helpers.SAMPLE_JSONL, name="distilled")
+  eot = ChatTokenizer(cfg.tokenize).eos_id
+  seen = []
+
+  def generate(prompts):
+    seen.extend(prompts)
+    return [[7, 8, 9, eot] if i % 2 else [] for i in range(len(prompts))]
+
+  result = prepare(cfg, tiny_model, generate=generate, progress=False)
+  got = _read(cfg.data_dir, "distilled")
+  assert len(seen) == 24 and len(got) == result.stats["examples"] == 12
+  assert result.counters["skipped_empty_distilled"] == 12
+  for tokens, t, steps in got:
+    assert tokens[t:] == [7, 8, 9, eot] and sum(steps) == 4
+    assert tokens[:t] in seen
+
+
+def test_module_entry_point(tmp_path, tokenizer_files, helpers):
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  base = [sys.executable, "-m", "hamburger_jax.data.prepare", "--mode", "lm",
+          "--text_field", "response", "--tokenizer", tokenizer_files["plain"],
+          "--data_dir", str(tmp_path), "--name", "cli_lm", "--no_progress"]
+  env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  ok = subprocess.run(base + ["--inputs", helpers.SAMPLE_JSONL], capture_output=True, text=True,
+                      env=env, cwd=root, check=False)
+  assert ok.returncode == 0, ok.stderr
+  assert "tokens per group  1.000" in ok.stdout and "RuntimeWarning" not in ok.stderr
+  bad = tmp_path / "bad.jsonl"
+  bad.write_text('{"text": "no response field"}\n')
+  fail = subprocess.run(base + ["--inputs", str(bad), "--name", "bad"], capture_output=True,
+                        text=True, env=env, cwd=root, check=False)
+  assert fail.returncode == 1 and "bad.jsonl:1: no field 'response'" in fail.stderr
+  assert "Traceback" not in fail.stderr
