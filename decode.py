@@ -1,0 +1,38 @@
+"""Decode with a HAMburger (or plain Llama) checkpoint. Logic: hamburger_jax/decode_cli.py.
+
+    python decode.py --make_tiny_checkpoint /tmp/tiny_ckpt
+    python decode.py --ckpt /tmp/tiny_ckpt --token_ids --prompt 1,5,7 --json
+    python decode.py --ckpt DIR --tokenizer DIR/tokenizer.json --chat --prompt "Hi" --show_groups
+
+Bad input exits with code 2 and one line on stderr.
+"""
+
+import sys
+
+from absl import app, flags, logging
+
+from hamburger_jax import decode_cli
+
+decode_cli.define_flags(flags)
+FLAGS = flags.FLAGS
+
+
+def _parse_flags(argv):
+  """absl's parser, but a bad flag exits with code 2 and a one-line message."""
+  try:
+    return FLAGS(argv)
+  except flags.Error as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
+
+
+def main(argv):
+  logging.set_verbosity(logging.WARNING)
+  if len(argv) > 1:
+    print(f"error: unexpected arguments {argv[1:]} (use --prompt)", file=sys.stderr)
+    sys.exit(2)
+  sys.exit(decode_cli.run(decode_cli.args_from_flags(FLAGS)))
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=_parse_flags)

@@ -1,0 +1,151 @@
+"""The decode state carried through the jitted macro-step loop, its writes, and its host view.
+
+B rows, L = KV buffer length (macro slots), N = output buffer length, S = max group size
+(1 for plain base-model decoding), F = feature vectors per position (1 for base decoding).
+
+Slot vs position: the KV slot grows by one per macro step, the RoPE position by the group length
+(spec §3). The *pending group* is the input the next loop iteration feeds to the base model: at
+the start it is the prompt's last token (a group of one at position T - 1, slot T - 1, after a
+prefill of slots 0..T-2); afterwards it is the group just emitted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hamburger_jax.sampling import SamplingParams
+
+# Finish reasons (DecodeState.finish). RUNNING rows are still decoding.
+RUNNING, EOS, LENGTH, BUFFER_FULL, PADDING = 0, 1, 2, 3, 4
+FINISH_NAMES = {RUNNING: "running", EOS: "eos", LENGTH: "length", BUFFER_FULL: "buffer_full",
+                PADDING: "padding"}
+MAX_EOS = 8  # static length of DecodeKnobs.eos_ids
+
+
+@flax.struct.dataclass
+class DecodeKnobs:
+  """Per-call runtime settings, all traced 0-d arrays (changing them never recompiles)."""
+  confidence: jax.Array      # [] f32 in (0, 1]: continue a group while 1 - sigmoid(stop) >= it
+  max_new_tokens: jax.Array  # [] i32, 1 <= it <= N: exact output budget per row
+  max_group: jax.Array       # [] i32 in 1..S: runtime cap on the group size (1 = base decoding)
+  eos_ids: jax.Array         # [MAX_EOS] i32: end-of-sequence ids, padded with -1
+  sampling: SamplingParams   # temperature / top-k / top-p
+
+
+@flax.struct.dataclass
+class DecodeState:
+  """Everything the loop carries (a pytree of arrays; see the module docstring for letters)."""
+  cache: Any                 # list per base layer of {"k", "v"}: [B, L, kv_heads, head_dim]
+  slot: jax.Array            # [B] i32: KV slot the pending group is written to
+  position: jax.Array        # [B] i32: RoPE position of the pending group (its last token's)
+  group_tokens: jax.Array    # [B, S] i32: the pending group, zero-padded
+  group_len: jax.Array       # [B] i32: its length (>= 1)
+  out_tokens: jax.Array      # [B, N] i32: generated tokens (EOS included), zero after num_out
+  out_group: jax.Array       # [B, N] i32: macro-step index (0, 1, ..) of each generated token
+  out_logprob: jax.Array     # [B, N] f32: log-probability of each token under the model
+  out_logit: jax.Array       # [B, N] f32: the logit of each chosen token
+  out_stop: jax.Array        # [B, N] f32: the stop logit at each token (0 for base decoding)
+  num_out: jax.Array         # [B] i32: tokens generated so far
+  macro_steps: jax.Array     # [B] i32: groups emitted so far (= base forwards of the row)
+  done: jax.Array            # [B] bool: the row has finished
+  finish: jax.Array          # [B] i32: finish reason (RUNNING, EOS, LENGTH, BUFFER_FULL, ..)
+  rng: jax.Array             # PRNG key; step keys are fold_in(rng, iteration, micro step)
+  iteration: jax.Array       # [] i32: loop iterations run so far (all rows)
+  knobs: DecodeKnobs         # traced runtime settings
+
+
+def init_state(cache, last_tokens, prompt_lengths, done, rng, knobs: DecodeKnobs,
+               max_steps: int, out_length: int) -> DecodeState:
+  """The state right after prefill. last_tokens [B]: each prompt's last token; lengths [B]."""
+  b = last_tokens.shape[0]
+  zeros = jnp.zeros((b, out_length), jnp.int32)
+  fzeros = jnp.zeros((b, out_length), jnp.float32)
+  group = jnp.zeros((b, max_steps), jnp.int32).at[:, 0].set(last_tokens)
+  return DecodeState(
+      cache=cache, slot=prompt_lengths - 1, position=prompt_lengths - 1, group_tokens=group,
+      group_len=jnp.ones((b,), jnp.int32), out_tokens=zeros, out_group=zeros, out_logprob=fzeros,
+      out_logit=fzeros, out_stop=fzeros, num_out=jnp.zeros((b,), jnp.int32),
+      macro_steps=jnp.zeros((b,), jnp.int32), done=done,
+      finish=jnp.where(done, PADDING, RUNNING).astype(jnp.int32), rng=rng,
+      iteration=jnp.zeros((), jnp.int32), knobs=knobs)
+
+
+def masked_set(buf, offsets, values, lengths):
+  """Writes values [B, S] into buf [B, N] at offsets [B] + (0..lengths[b]-1); the rest is dropped.
+
+  Variable-length, per-row writes into a fixed-shape buffer (columns >= N are dropped too).
+  """
+  b, s = values.shape
+  n = buf.shape[1]
+  cols = offsets[:, None] + jnp.arange(s)[None, :]
+  cols = jnp.where(jnp.arange(s)[None, :] < lengths[:, None], cols, n)   # n = out of range: drop
+  return buf.at[jnp.arange(b)[:, None], cols].set(values.astype(buf.dtype), mode="drop")
+
+
+@dataclasses.dataclass
+class DecodeResult:
+  """Host-side outputs of a decode call, per real row (padding rows removed).
+
+  tokens[b]: generated ids (EOS included); group_sizes[b]: size of each macro step's group;
+  logprobs / logits / stop_logits[b]: per token (model log-probability, chosen logit, stop logit);
+  finish_reasons[b]: "eos" | "length" | "buffer_full" | "running" (a streaming snapshot).
+  """
+  tokens: list[list[int]]
+  group_sizes: list[list[int]]
+  logprobs: list[list[float]]
+  logits: list[list[float]]
+  stop_logits: list[list[float]]
+  finish_reasons: list[str]
+  macro_steps: list[int]
+  prompt_lengths: list[int]
+  iterations: int            # loop iterations = batched base forwards in the loop
+  compile_s: float = 0.0
+  prefill_s: float = 0.0
+  decode_s: float = 0.0
+
+  @classmethod
+  def from_state(cls, st: DecodeState, rows: int, **timings) -> "DecodeResult":
+    """st: a DecodeState already on the host (numpy leaves); rows: real (unpadded) rows."""
+    n = np.asarray(st.num_out)
+    take = lambda buf, cast: [[cast(x) for x in np.asarray(buf)[b, :n[b]]] for b in range(rows)]
+    groups = np.asarray(st.out_group)
+    sizes = [np.bincount(groups[b, :n[b]], minlength=int(st.macro_steps[b])).tolist()
+             for b in range(rows)]
+    return cls(
+        tokens=take(st.out_tokens, int), group_sizes=sizes, logprobs=take(st.out_logprob, float),
+        logits=take(st.out_logit, float), stop_logits=take(st.out_stop, float),
+        finish_reasons=[FINISH_NAMES[int(f)] for f in np.asarray(st.finish)[:rows]],
+        macro_steps=[int(m) for m in np.asarray(st.macro_steps)[:rows]],
+        prompt_lengths=[int(x) for x in np.asarray(st.slot)[:rows] - np.asarray(st.macro_steps)[:rows]
+                        + 1],
+        iterations=int(st.iteration), **timings)
+
+  def groups(self, row: int) -> list[list[int]]:
+    """Row `row`'s tokens cut into its macro-step groups."""
+    out, i = [], 0
+    for size in self.group_sizes[row]:
+      out.append(self.tokens[row][i:i + size])
+      i += size
+    return out
+
+  def stats(self) -> dict[str, Any]:
+    """Totals over rows: tokens, macro steps, KV slots (vs plain decoding's), timings."""
+    new = sum(len(t) for t in self.tokens)
+    steps = sum(self.macro_steps)
+    prompt = sum(self.prompt_lengths)
+    return {
+        "rows": len(self.tokens), "prompt_tokens": prompt, "new_tokens": new,
+        "macro_steps": steps, "tokens_per_macro_step": new / max(steps, 1),
+        # Slots a row fills: its prompt, then one per group except the last (never fed).
+        "kv_slots_used": prompt + steps - len(self.tokens),
+        "kv_slots_base": prompt + new - len(self.tokens),
+        "loop_iterations": self.iterations, "prefill_s": self.prefill_s,
+        "decode_s": self.decode_s, "decode_tokens_per_s": new / max(self.decode_s, 1e-9),
+        "compile_s": self.compile_s, "finish_reasons": list(self.finish_reasons),
+    }

@@ -1,0 +1,113 @@
+"""Shared helpers of the decode tests (a small random model, the teacher-forced check), plus unit
+tests of the decode state's pure pieces."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hamburger_jax import decode_state as ds
+from hamburger_jax.batch import make_batch
+from hamburger_jax.decode_cli import random_params, tiny_config
+from hamburger_jax.model import HamburgerModel
+from hamburger_jax.sampler import Sampler, continue_probability
+
+# One engine shared by most decode tests (one compile per batch bucket for the whole session).
+CACHE_LENGTH = 32
+OUT_LENGTH = 32
+TF_SEQ_LEN = 64   # teacher-forced rows: prompt + groups - 1 <= 17 + 32 - 1
+
+
+@functools.lru_cache(maxsize=None)
+def small_model(seed: int = 0):
+  """(cfg, params): 4 base layers, tiny preset widths, stop head spread out (random_params)."""
+  cfg = tiny_config(4)
+  return cfg, random_params(cfg, seed)
+
+
+def small_sampler(seed: int = 0, **kwargs) -> Sampler:
+  cfg, params = small_model(seed)
+  kwargs.setdefault("cache_length", CACHE_LENGTH)
+  kwargs.setdefault("out_length", OUT_LENGTH)
+  return Sampler(cfg, params, **kwargs)
+
+
+@functools.lru_cache(maxsize=None)
+def _tf_apply(cfg):
+  return jax.jit(HamburgerModel(cfg).apply)
+
+
+def teacher_forced(cfg, params, prompt, tokens, group_sizes):
+  """The training forward on (prompt, tokens, steps) -> (logits [M, S, V], stop logits [M, S])."""
+  batch = make_batch([(prompt, tokens, group_sizes)], cfg.max_steps, TF_SEQ_LEN, pack=False)
+  out = _tf_apply(cfg)({"params": params}, batch)
+  return np.asarray(out.logits[0]), np.asarray(out.stop_logits[0])
+
+
+def check_against_teacher_forcing(cfg, params, prompt, result, row, confidence, max_group=None,
+                                  greedy=True, eos_ids=()):
+  """Every decoded token, logit, stop logit and group boundary reproduces under teacher forcing.
+
+  Returns the number of checked stop decisions (so callers can insist on non-trivial cases).
+  Decisions within 1e-5 of the threshold (and argmax near-ties within 1e-5) may go either way.
+  """
+  tokens, sizes = result.tokens[row], result.group_sizes[row]
+  assert sum(sizes) == len(tokens) and all(1 <= s <= cfg.max_steps for s in sizes)
+  logits, stops = teacher_forced(cfg, params, prompt, tokens, sizes)
+  cap = cfg.max_steps if max_group is None else max_group
+  truncated_last = result.finish_reasons[row] in ("eos", "length")
+  t, i, decisions = len(prompt), 0, 0
+  for g, size in enumerate(sizes):
+    m = t - 1 + g                       # macro position that predicts group g
+    for j in range(size):
+      tok, tf = tokens[i], logits[m, j]
+      if greedy:
+        top = np.sort(tf)[-2:]
+        assert tok == int(np.argmax(tf)) or (top[1] - top[0] < 1e-5 and tf[tok] >= top[1] - 1e-5), (
+            f"group {g} step {j}: decoded {tok}, teacher-forced argmax {int(np.argmax(tf))}")
+      np.testing.assert_allclose(result.logits[row][i], tf[tok], rtol=1e-4, atol=1e-4)
+      np.testing.assert_allclose(result.stop_logits[row][i], stops[m, j], rtol=1e-4, atol=1e-4)
+      np.testing.assert_allclose(result.logprobs[row][i], jax.nn.log_softmax(tf)[tok], atol=1e-4)
+      go_on = float(continue_probability(jnp.float32(stops[m, j])))
+      last = j == size - 1
+      forced_end = (last and g == len(sizes) - 1 and truncated_last) or tok in eos_ids
+      if abs(go_on - confidence) > 1e-5 and not forced_end:
+        expect_go_on = not last
+        if last and j + 1 >= cap:
+          expect_go_on = None              # the cap ended the group, whatever the head says
+        if expect_go_on is not None:
+          assert (go_on >= confidence) == expect_go_on, (
+              f"group {g} step {j}: continue-prob {go_on:.6f} vs confidence {confidence}")
+          decisions += 1
+      i += 1
+  return decisions
+
+
+# --- unit tests of the state's pure pieces --------------------------------------------------------
+
+def test_masked_set_writes_variable_lengths_and_drops_overflow():
+  buf = jnp.zeros((3, 5), jnp.int32)
+  values = jnp.array([[1, 2, 3], [4, 5, 6], [7, 8, 9]])
+  out = ds.masked_set(buf, jnp.array([0, 3, 4]), values, jnp.array([2, 3, 0]))
+  np.testing.assert_array_equal(out, [[1, 2, 0, 0, 0], [0, 0, 0, 4, 5], [0, 0, 0, 0, 0]])
+
+
+def test_continue_probability_is_one_minus_sigmoid():
+  x = jnp.array([-3.0, 0.0, 2.5])
+  np.testing.assert_allclose(continue_probability(x), 1 - jax.nn.sigmoid(x), atol=1e-7)
+
+
+def test_result_groups_cut_tokens_by_group_ids():
+  st = ds.DecodeState(
+      cache=None, slot=np.array([7]), position=np.array([9]), group_tokens=None, group_len=None,
+      out_tokens=np.array([[5, 6, 7, 8, 0]]), out_group=np.array([[0, 0, 1, 2, 0]]),
+      out_logprob=np.zeros((1, 5)), out_logit=np.zeros((1, 5)), out_stop=np.zeros((1, 5)),
+      num_out=np.array([4]), macro_steps=np.array([3]), done=np.array([True]),
+      finish=np.array([ds.LENGTH]), rng=None, iteration=np.array(3), knobs=None)
+  r = ds.DecodeResult.from_state(st, 1)
+  assert r.groups(0) == [[5, 6], [7], [8]]
+  assert r.prompt_lengths == [5] and r.finish_reasons == ["length"]
+  stats = r.stats()
+  assert stats["kv_slots_used"] == 5 + 3 - 1 and stats["kv_slots_base"] == 5 + 4 - 1
+  assert stats["tokens_per_macro_step"] == 4 / 3
