@@ -115,7 +115,9 @@ def write_dataset(splits: Mapping[str, ExamplesFn], data_dir: str, name: str,
   was_on = getattr(tqdm_utils, "_active", True)
   tfds.disable_progress_bar()   # its bars name the temporary directory; ours is below
   try:
-    builder.download_and_prepare()
+    # No network: never look for a copy of the dataset on GCS.
+    builder.download_and_prepare(
+        download_config=tfds.download.DownloadConfig(try_download_gcs=False))
   finally:
     tfds.display_progress_bar(was_on)
   built = dataset_dir(tmp_root, name, version)

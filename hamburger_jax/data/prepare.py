@@ -51,6 +51,11 @@ class PrepareConfig:
   distill_batch_size: int = 32
   model_id: str = ""              # names the model in the resume fingerprint
 
+  def __post_init__(self):
+    if self.source.mode != self.tokenize.mode:
+      raise ValueError(f"source.mode {self.source.mode!r} and tokenize.mode "
+                       f"{self.tokenize.mode!r} differ: set both to 'sft' or both to 'lm'.")
+
 
 class PrepareResult(NamedTuple):
   path: str
