@@ -124,7 +124,8 @@ def prepare_dataset(cfg: PrepareConfig, model: tuple[Any, Any] | None = None,
   vocab_limit = model[0].vocab_size if model is not None and cfg.tokenize.mode == "sft" else None
   examples = _load_examples(cfg, tok, counters, generate, vocab_limit)
 
-  settings = {"source": dataclasses.asdict(cfg.source), "tokenize": dataclasses.asdict(cfg.tokenize),
+  settings = {"source": dataclasses.asdict(cfg.source),
+              "tokenize": dataclasses.asdict(cfg.tokenize),
               "segmentation": dataclasses.asdict(cfg.segmentation), "model": cfg.model_id,
               "template": tok.template}
   key = fingerprint(settings, (a for ex in examples for a in (ex.prompt, ex.response)))

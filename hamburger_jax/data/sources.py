@@ -264,7 +264,7 @@ def _tfds(name: str, cfg: SourceConfig) -> Iterator[RawExample | _Skip]:
   except Exception as e:  # pylint: disable=broad-except
     raise DataError(f"tfds:{name}: cannot open split {cfg.split!r} under data dir "
                     f"{cfg.tfds_data_dir!r} ({type(e).__name__}: {e}). Prepare it in array_record "
-                    "format first (TF is not installed, so tfrecord datasets cannot be read).") from e
+                    "format first (without TF, tfrecord datasets cannot be read).") from e
   for i in range(len(source)):
     try:
       yield record_to_example(source[i], cfg, f"tfds:{name}[{cfg.split}] #{i}")

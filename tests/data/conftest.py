@@ -30,8 +30,9 @@ def sample_pairs() -> list[tuple[str, str]]:
 
 def train_tokenizer(path: str, specials: list[str], vocab_size: int = 320) -> str:
   """A byte-level BPE tokenizer trained on the sample sentences, saved as tokenizer.json."""
-  import tokenizers  # pylint: disable=g-import-not-at-top
-  from tokenizers import decoders, models, pre_tokenizers, trainers  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  import tokenizers
+  from tokenizers import decoders, models, pre_tokenizers, trainers
   tok = tokenizers.Tokenizer(models.BPE())
   tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
   tok.decoder = decoders.ByteLevel()

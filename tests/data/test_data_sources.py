@@ -34,7 +34,8 @@ def test_json_parquet_and_custom_fields(tmp_path):
   got = list(read_examples(SourceConfig(js, json_records_key="data", **cfg)))
   assert [(e.prompt, e.response, e.system) for e in got] == [
       (f"question {i}", f"answer {i}", "be brief") for i in range(5)]
-  import pyarrow as pa, pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top,multiple-imports
+  import pyarrow as pa  # pylint: disable=g-import-not-at-top
+  import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
   pq.write_table(pa.Table.from_pylist(records), str(tmp_path / "d.parquet"))
   got_pq = _pairs(SourceConfig(str(tmp_path / "d.parquet"), **cfg))
   assert got_pq == [(f"question {i}", f"answer {i}") for i in range(5)]
