@@ -105,8 +105,18 @@ def _segment_to_chunks(cfg: PrepareConfig, examples, model, store: ChunkStore, p
   return n_chunks
 
 
+def _model_fingerprint(model) -> str:
+  """A cheap identity of (config, params): shapes and the first values of every leaf."""
+  if model is None:
+    return ""
+  import jax  # pylint: disable=g-import-not-at-top
+  leaves = [np.asarray(x.reshape(-1)[:16], np.float32) for x in jax.tree.leaves(model[1])]
+  return fingerprint([repr(model[0])], (np.frombuffer(x.tobytes(), np.int32) for x in leaves))
+
+
 def prepare_dataset(cfg: PrepareConfig, model: tuple[Any, Any] | None = None,
-            generate: distill.GenerateFn | None = None, progress: bool = True) -> PrepareResult:
+                    generate: distill.GenerateFn | None = None,
+                    progress: bool = True) -> PrepareResult:
   """Builds `DATA_DIR/hamburger_sft/NAME/VERSION` (see module docstring); returns its stats.
 
   model: (LlamaConfig, params) of the base model (not needed in lm mode).
@@ -128,7 +138,11 @@ def prepare_dataset(cfg: PrepareConfig, model: tuple[Any, Any] | None = None,
               "tokenize": dataclasses.asdict(cfg.tokenize),
               "segmentation": dataclasses.asdict(cfg.segmentation), "model": cfg.model_id,
               "template": tok.template}
-  key = fingerprint(settings, (a for ex in examples for a in (ex.prompt, ex.response)))
+  if cfg.eval_examples >= len(examples):
+    raise DataError(f"eval_examples={cfg.eval_examples} leaves no training examples out of "
+                    f"{len(examples)}: lower it.")
+  key = fingerprint([settings, _model_fingerprint(model)],
+                    (a for ex in examples for a in (ex.prompt, ex.response)))
   store = ChunkStore(f"{cfg.data_dir}/.work/{cfg.name}-{cfg.version}-{key}")
   n_chunks = _segment_to_chunks(cfg, examples, model, store, progress)
 

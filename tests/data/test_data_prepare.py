@@ -3,6 +3,7 @@
 import json
 import os
 
+import jax
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
@@ -198,3 +199,15 @@ def test_module_entry_point(tmp_path, tokenizer_files, helpers):
                         text=True, env=env, cwd=root, check=False)
   assert fail.returncode == 1 and "bad.jsonl:1: no field 'response'" in fail.stderr
   assert "Traceback" not in fail.stderr
+
+
+def test_resume_fingerprint_follows_the_model(tmp_path, tokenizer_files, tiny_model, helpers):
+  """Chunks left by a crashed run are reused only with the same inputs and the same model."""
+  cfg, params = tiny_model
+  other = (cfg, jax.tree.map(lambda x: x + 1, params))
+  assert prepare_lib._model_fingerprint(tiny_model) == prepare_lib._model_fingerprint(
+      (cfg, params))
+  assert prepare_lib._model_fingerprint(tiny_model) != prepare_lib._model_fingerprint(other)
+  with pytest.raises(DataError, match="eval_examples"):
+    prepare(_config(tmp_path, tokenizer_files["llama3"], helpers.SAMPLE_JSONL, eval_examples=24),
+            tiny_model, progress=False)
