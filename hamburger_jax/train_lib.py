@@ -86,6 +86,8 @@ def validate_config(config, num_devices: int | None = None) -> None:
     raise ValueError(f"eval batch of {eval_rows(config)} rows is not divisible by mesh data*fsdp.")
   if config.num_train_steps < 1:
     raise ValueError("num_train_steps must be >= 1.")
+  if config.optim.name != "adamw":
+    raise ValueError(f"optim.name {config.optim.name!r} is not supported (only 'adamw').")
   if config.mode == "base_lm" and config.loss.kl_weight:
     raise ValueError("loss.kl_weight applies to mode 'hamburger' only.")
   train_data.validate(config)

@@ -1,0 +1,78 @@
+"""Bad configs fail with a clear error before anything is compiled; NaN losses stop the run."""
+
+import os
+import subprocess
+import sys
+
+import jax
+import pytest
+
+from configs import tiny
+from hamburger_jax import train_lib
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _config(**overrides):
+  c = tiny.get_config()
+  c.logging.progress_bar = False
+  c.update_from_flattened_dict(overrides)
+  return c
+
+
+@pytest.fixture
+def compiles():
+  """Names of the compile events seen during the test."""
+  seen = []
+  listener = lambda event, *a, **k: seen.append(event) if "compile" in event else None
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  yield seen
+  jax.monitoring.unregister_event_duration_listener(listener)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"mesh.data": 2}, "needs 2 devices but 1 are available"),
+    ({"mesh.tensor": 3, "mesh.data": -1}, "do not divide the 1 devices"),
+    ({"data.batch_size": 6, "optim.grad_accum_steps": 4}, "data.batch_size=6 is not divisible"),
+    ({"mode": "lm"}, "mode 'lm' is unknown"),
+    ({"model.preset": "llama-7b"}, "model.preset 'llama-7b' is unknown"),
+    ({"model.feature_layers": (0, 9)}, r"feature_layers \[9\] are outside"),
+    ({"mode": "base_lm", "freeze_base": True}, "would train nothing"),
+    ({"data.source": "files"}, "data.source 'files' is unknown"),
+    ({"data.source": "tfds"}, "needs data.name and data.data_dir"),
+    ({"data.response_len": (4, 40)}, "data.seq_len is 32"),
+    ({"optim.name": "sgd"}, "only 'adamw'"),
+])
+def test_bad_config_fails_before_compiling(tmp_path, compiles, overrides, message):
+  with pytest.raises(ValueError, match=message):
+    train_lib.train_and_evaluate(_config(**overrides), str(tmp_path / "w"))
+  assert compiles == []
+  assert not os.path.exists(tmp_path / "w" / "checkpoints")
+  jax.jit(lambda x: x + 1)(1.0)          # the listener does see compilations
+  assert compiles
+
+
+def test_unknown_key_is_an_error_in_python_and_on_the_command_line(tmp_path):
+  c = _config()
+  c.lock()
+  with pytest.raises(AttributeError, match="learning_rate"):
+    c.optim.learning_rate = 1e-3
+  out = subprocess.run(
+      [sys.executable, os.path.join(REPO, "train.py"), "--config", "configs/tiny.py",
+       f"--workdir={tmp_path / 'w'}", "--config.optim.learning_rate=0.1"],
+      cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True,
+      timeout=300)
+  assert out.returncode != 0
+  assert "learning_rate" in out.stderr
+  assert not os.path.exists(tmp_path / "w")
+
+
+def test_nan_loss_stops_with_the_step_and_keeps_the_good_checkpoint(tmp_path):
+  c = _config(**{"num_train_steps": 20, "optim.base_lr": 1e30, "optim.grafted_lr": 1e30,
+                 "optim.warmup_steps": 0, "optim.grad_clip_norm": 0.0,
+                 "logging.every_steps": 5, "checkpoint.every_steps": 1,
+                 "eval.every_steps": 0, "checkpoint.export": False})
+  with pytest.raises(FloatingPointError, match=r"at step 2: training stopped. The last good "
+                                               r"checkpoint is step 1"):
+    train_lib.train_and_evaluate(c, str(tmp_path))
+  assert sorted(os.listdir(tmp_path / "checkpoints")) == ["1"]
