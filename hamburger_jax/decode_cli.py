@@ -182,17 +182,21 @@ def _color(prob: float) -> str:
 
 
 def render_groups(groups: Sequence[Sequence[int]], logprobs: Sequence[float],
-                  piece: Callable[[int], str], color: bool) -> str:
-  """Each group as [..] (plain) or delimited by a dim bar with tokens colored by probability."""
+                  piece: Callable[[int], str], color: bool, sep: str = "") -> str:
+  """Each group as [..] (plain) or closed by a dim bar with tokens colored by probability.
+
+  `sep` goes between tokens and between groups (" " for token ids, "" for text pieces).
+  """
   out, i = [], 0
   for group in groups:
     if color:
-      body = "".join(f"{_color(math.exp(logprobs[i + k]))}{piece(t)}" for k, t in enumerate(group))
+      body = sep.join(f"{_color(math.exp(logprobs[i + k]))}{piece(t)}"
+                      for k, t in enumerate(group))
       out.append(f"{body}\x1b[0m\x1b[2m|\x1b[0m")
     else:
-      out.append("[" + "".join(piece(t) for t in group) + "]")
+      out.append("[" + sep.join(piece(t) for t in group) + "]")
     i += len(group)
-  return "".join(out)
+  return sep.join(out)
 
 
 class Printer:
@@ -200,15 +204,17 @@ class Printer:
 
   def __init__(self, tokenizer: Tokenizer | None, show_groups: bool, color: bool):
     self.tok, self.show_groups, self.color = tokenizer, show_groups, color
+    self.sep = " " if tokenizer is None else ""
 
   def piece(self, t: int) -> str:
-    if self.tok is None:
-      return f"{t} " if self.show_groups else str(t)
-    return self.tok.decode([t], skip_special=False)
+    return str(t) if self.tok is None else self.tok.decode([t], skip_special=False)
+
+  def groups(self, groups, logprobs) -> str:
+    return render_groups(groups, logprobs, self.piece, self.color, self.sep)
 
   def full(self, tokens, groups, logprobs) -> str:
     if self.show_groups:
-      return render_groups(groups, logprobs, self.piece, self.color)
+      return self.groups(groups, logprobs)
     if self.tok is None:
       return ",".join(str(t) for t in tokens)
     return self.tok.decode(tokens)
@@ -227,8 +233,9 @@ def _stream_one(sampler: Sampler, prompt, printer: Printer, knobs: dict, a: Deco
       out.write(text.update(tokens, final))
     elif printer.show_groups:
       start = sum(len(g) for g in groups[:shown_groups])
-      out.write(render_groups(groups[shown_groups:], result.logprobs[0][start:], printer.piece,
-                              printer.color))
+      if len(groups) > shown_groups:
+        out.write((printer.sep if shown_groups else "") +
+                  printer.groups(groups[shown_groups:], result.logprobs[0][start:]))
       shown_groups = len(groups)
     else:
       out.write(("," if shown_tokens else "") + ",".join(str(t) for t in tokens[shown_tokens:]))

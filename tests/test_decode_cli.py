@@ -1,0 +1,152 @@
+"""decode.py end to end (subprocesses on a tiny checkpoint written by the documented command) and
+its handling of bad input (exit code 2, one clear line, no traceback)."""
+
+import io
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hamburger_jax.convert import load_model
+from hamburger_jax.decode_cli import DecodeArgs, run
+from hamburger_jax.sampler import Sampler
+from test_tokenizer import CHATML, write_word_tokenizer
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _decode_py(*args, stdin=None):
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  return subprocess.run([sys.executable, os.path.join(REPO, "decode.py"), *args], input=stdin,
+                        capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+  path = str(tmp_path_factory.mktemp("cli") / "tiny_ckpt")
+  proc = _decode_py("--make_tiny_checkpoint", path)
+  assert proc.returncode == 0, proc.stderr
+  assert proc.stdout.strip() == path
+  assert sorted(os.listdir(path)) == ["hamburger_config.json", "params.safetensors"]
+  return path
+
+
+def _run(stdin="", **kwargs):
+  out, err = io.StringIO(), io.StringIO()
+  code = run(DecodeArgs(**kwargs), stdout=out, stderr=err, stdin=io.StringIO(stdin))
+  return code, out.getvalue(), err.getvalue()
+
+
+def test_token_ids_json_end_to_end(ckpt):
+  proc = _decode_py("--ckpt", ckpt, "--token_ids", "--prompt", "1,5,7", "--json",
+                    "--max_new_tokens", "12", "--confidence", "0.5")
+  assert proc.returncode == 0, proc.stderr
+  out = json.loads(proc.stdout)
+  row = out["outputs"][0]
+  assert row["prompt_ids"] == [1, 5, 7]
+  assert sum(map(len, row["groups"])) == len(row["tokens"])
+  stats = out["stats"]
+  for key in ("prompt_tokens", "new_tokens", "macro_steps", "tokens_per_macro_step",
+              "kv_slots_used", "kv_slots_base", "prefill_s", "decode_tokens_per_s", "compile_s"):
+    assert key in stats
+  assert stats["prompt_tokens"] == 3 and stats["new_tokens"] == len(row["tokens"])
+  assert stats["macro_steps"] == len(row["groups"]) and stats["mode"] == "hamburger"
+  assert stats["compile_s"] > 0
+  # The CLI decodes exactly what the library decodes.
+  _, cfg, params = load_model(ckpt)
+  ref = Sampler(cfg, params, cache_length=64, out_length=64).decode(
+      [[1, 5, 7]], max_new_tokens=12, confidence=0.5)
+  assert row["tokens"] == ref.tokens[0] and row["groups"] == ref.groups(0)
+  assert row["finish_reason"] == ref.finish_reasons[0]
+
+
+def test_streamed_text_with_groups_and_stdin_batch(ckpt):
+  proc = _decode_py("--ckpt", ckpt, "--token_ids", "--prompt", "1,5,7", "--show_groups",
+                    "--max_new_tokens", "12", "--confidence", "0.5", "--stream_steps", "2")
+  assert proc.returncode == 0, proc.stderr
+  _, cfg, params = load_model(ckpt)
+  ref = Sampler(cfg, params, cache_length=64, out_length=64).decode(
+      [[1, 5, 7], [1, 9]], max_new_tokens=12, confidence=0.5)
+  expected = " ".join("[" + " ".join(str(t) for t in g) + "]" for g in ref.groups(0))
+  assert proc.stdout.strip() == expected                    # no ANSI colors: not a tty
+  assert "new tokens in" in proc.stderr and "KV slots" in proc.stderr
+  proc = _decode_py("--ckpt", ckpt, "--token_ids", "--max_new_tokens", "12", "--confidence",
+                    "0.5", "--json", stdin="1,5,7\n\n1,9\n")
+  assert proc.returncode == 0, proc.stderr
+  rows = json.loads(proc.stdout)["outputs"]
+  assert [r["tokens"] for r in rows] == ref.tokens
+
+
+def test_base_mode_and_prompt_file(ckpt, tmp_path):
+  prompts = tmp_path / "prompts.txt"
+  prompts.write_text("1,5,7\n1,9,9,9\n")
+  code, out, err = _run(ckpt=ckpt, token_ids=True, prompt_file=str(prompts), base=True,
+                        max_new_tokens=10, json=True)
+  assert code == 0, err
+  out = json.loads(out)
+  assert out["stats"]["mode"] == "base" and len(out["outputs"]) == 2
+  for row in out["outputs"]:
+    assert all(len(g) == 1 for g in row["groups"])
+  assert out["stats"]["kv_slots_used"] == out["stats"]["kv_slots_base"]
+
+
+def test_tokenizer_chat_and_groups_in_process(ckpt, tmp_path):
+  tok = write_word_tokenizer(tmp_path, CHATML)
+  code, out, err = _run(ckpt=ckpt, tokenizer=tok, prompt="hello world", chat=True,
+                        max_new_tokens=8, json=True, confidence=0.5)
+  assert code == 0, err
+  row = json.loads(out)["outputs"][0]
+  assert len(row["prompt_ids"]) == 7 and "text" in row
+  code, out, err = _run(ckpt=ckpt, tokenizer=tok, prompt="hello world", chat=True,
+                        max_new_tokens=8, show_groups=True, confidence=0.5)
+  assert code == 0, err
+  assert out.startswith("[") and out.rstrip().endswith("]") and "\x1b[" not in out
+  # On a terminal, groups are closed by a dim bar and tokens colored by probability.
+  tty = _TTY()
+  args = DecodeArgs(ckpt=ckpt, token_ids=True, prompt="1,5,7", max_new_tokens=8, show_groups=True,
+                    confidence=0.5)
+  assert run(args, stdout=tty, stderr=io.StringIO()) == 0
+  colored = tty.getvalue()
+  assert "\x1b[38;5;" in colored and colored.count("\x1b[2m|") >= 2
+
+
+class _TTY(io.StringIO):
+  def isatty(self):
+    return True
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(prompt=""), "empty"),
+    (dict(prompt=" , "), "Prompt 0 is empty"),
+    (dict(prompt="1,x"), "not a comma-separated list of token ids"),
+    (dict(prompt="1,2,3,4,5,6", cache_length=4), "KV buffer holds 4 slots"),
+    (dict(prompt="1,5", confidence=0.0), "--confidence must be in (0, 1]"),
+    (dict(prompt="1,5", confidence=1.01), "--confidence must be in (0, 1]"),
+    (dict(prompt="1,5", max_new_tokens=0), "--max_new_tokens must be >= 1"),
+    (dict(prompt="1,256"), "token id 256 outside the vocabulary (0..255)"),
+    (dict(prompt="1,5", token_ids=False), "No tokenizer"),
+    (dict(prompt="1,5", token_ids=False, tokenizer="/nonexistent/tokenizer.json"), "No tokenizer at"),
+    (dict(prompt="1,5", ckpt="/nonexistent/ckpt"), "No such checkpoint"),
+    (dict(prompt="1,5", ckpt=None), "--ckpt is required"),
+    (dict(prompt="1,5", prompt_file="/nonexistent/prompts.txt"), "not both"),
+    (dict(prompt_file="/nonexistent/prompts.txt"), "Cannot read --prompt_file"),
+    (dict(prompt="1,5", top_p=0.0), "top_p"),
+])
+def test_bad_input_gives_exit_code_2_and_a_clear_message(ckpt, kwargs, message):
+  kwargs = {"ckpt": ckpt, "token_ids": True, **kwargs}
+  code, out, err = _run(**kwargs)
+  assert code == 2 and out == ""
+  assert err.startswith("error: ") and message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--prompt", ""], "empty"),
+    (["--prompt", "1,5", "--confidence", "abc"], "confidence"),
+    (["--prompt", "1,999"], "outside the vocabulary"),
+])
+def test_bad_input_in_a_subprocess(ckpt, args, message):
+  proc = _decode_py("--ckpt", ckpt, "--token_ids", *args)
+  assert proc.returncode == 2, proc.stderr
+  assert message in proc.stderr and "Traceback" not in proc.stderr
