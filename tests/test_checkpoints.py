@@ -37,8 +37,10 @@ def test_unfinished_save_is_ignored_and_cleaned(tmp_path):
   (partial / "state" / "garbage").write_bytes(b"\x00" * 10)
   again = checkpoints.Checkpointer(str(tmp_path), save_every=1, keep=3)
   assert again.latest_step() == 1
-  again.close()                                   # the clean-up runs in the background
-  assert not partial.exists()
+  again.save(2, _state(2), {}, {"batches": 2}, force=True)   # a save waits for the clean-up
+  again.close()
+  assert again.all_steps() == [1, 2]
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["1", "2"]
 
 
 def test_data_state_is_frozen_at_save_time():
