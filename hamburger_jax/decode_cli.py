@@ -75,9 +75,16 @@ def calibrate_stop_head(cfg: HamburgerConfig, params, mean: float, std: float, s
   batch = make_batch(examples, s, 8 + 8, pack=False)
   out = _jitted_forward(cfg)({"params": params}, batch)
   logits = np.asarray(out.stop_logits)[np.arange(s) < batch["target_lengths"][..., None]]
+  return rescale_stop_head(params, logits, mean, std)
+
+
+def rescale_stop_head(params, sample, mean: float, std: float):
+  """Scales stop_head.dense_2's kernel and sets its bias so that stop logits which were `sample`
+  (any array of them) would have this mean and std."""
+  sample = np.asarray(sample, np.float64)
   head = params["micro_decoder"]["stop_head"]["dense_2"]
-  scale = std / max(float(logits.std()), 1e-6)
-  bias = mean - scale * (float(logits.mean()) - float(head["bias"][0]))
+  scale = std / max(float(sample.std()), 1e-6)
+  bias = mean - scale * (float(sample.mean()) - float(head["bias"][0]))
   new_head = {"kernel": head["kernel"] * scale, "bias": jnp.full_like(head["bias"], bias)}
   micro = dict(params["micro_decoder"], stop_head=dict(params["micro_decoder"]["stop_head"],
                                                        dense_2=new_head))

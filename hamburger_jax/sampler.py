@@ -121,7 +121,6 @@ def _decode_group(engine, params, features, st: ds.DecodeState, key):
   if s == 1:
     return g
   model = HamburgerModel(engine.cfg)
-  micro_cache = model.apply({"params": params}, features, method="micro_prefill")
 
   def cond(c):
     return (c["j"] < s) & jnp.any(c["active"])
@@ -137,9 +136,14 @@ def _decode_group(engine, params, features, st: ds.DecodeState, key):
     grp["eos"] = grp["eos"] | (active & eos)
     return {"j": j + 1, "active": active & go_on, "prev": tok, "cache": cache, "g": grp}
 
-  carry = {"j": jnp.int32(1), "active": go_on & ~st.done, "prev": tok, "cache": micro_cache,
-           "g": g}
-  return jax.lax.while_loop(cond, body, carry)["g"]
+  def micro_steps(g):                            # the micro cache is fresh every macro step
+    micro_cache = model.apply({"params": params}, features, method="micro_prefill")
+    carry = {"j": jnp.int32(1), "active": go_on & ~st.done, "prev": tok, "cache": micro_cache,
+             "g": g}
+    return jax.lax.while_loop(cond, body, carry)["g"]
+
+  # Skip the micro prefill too when every row stopped at step 0 (common at high confidence).
+  return jax.lax.cond(jnp.any(go_on & ~st.done), micro_steps, lambda g: g, g)
 
 
 def _macro_step(engine: DecodeEngine, params, st: ds.DecodeState) -> ds.DecodeState:
