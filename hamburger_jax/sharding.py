@@ -35,7 +35,7 @@ def maybe_initialize_distributed(mode: str = "auto") -> bool:
   """
   if mode not in ("auto", "always", "never"):
     raise ValueError(f"distributed must be 'auto', 'always' or 'never', got {mode!r}.")
-  if mode == "never":
+  if mode == "never" or jax.distributed.is_initialized():
     return False
   env = os.environ
   multi_task = any(int(env.get(k, "1") or "1") > 1 for k in
