@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import logging
 import os
 import signal
@@ -70,6 +71,11 @@ def validate_config(config, num_devices: int | None = None) -> None:
   """Raises ValueError naming the field for settings that cannot work (before any compile)."""
   if config.mode not in MODES:
     raise ValueError(f"mode {config.mode!r} is unknown: use one of {MODES}.")
+  counts = {"num_train_steps": config.num_train_steps, "logging.every_steps":
+            config.logging.every_steps, "checkpoint.every_steps": config.checkpoint.every_steps,
+            "optim.grad_accum_steps": config.optim.grad_accum_steps}
+  if any(v < 1 for v in counts.values()):
+    raise ValueError(f"These settings must be >= 1: {counts}.")
   optim.trainable_keys(config.mode, config.freeze_base)
   model_config(config)
   shards = sharding.mesh_shape(config.mesh, num_devices or jax.device_count())
@@ -84,8 +90,6 @@ def validate_config(config, num_devices: int | None = None) -> None:
                      f"{jax.process_count()} processes.")
   if eval_rows(config) % (shards[0] * shards[1]):
     raise ValueError(f"eval batch of {eval_rows(config)} rows is not divisible by mesh data*fsdp.")
-  if config.num_train_steps < 1:
-    raise ValueError("num_train_steps must be >= 1.")
   if config.optim.name != "adamw":
     raise ValueError(f"optim.name {config.optim.name!r} is not supported (only 'adamw').")
   if config.mode == "base_lm" and config.loss.kl_weight:
@@ -368,8 +372,8 @@ def restore_or_init(setup: Setup, ckpt: checkpoints.Checkpointer, train_iter, pr
   if step is None:
     return setup.init_state(pretrained)
   saved = ckpt.saved_config(step)
-  changed = sorted(k for k, v in setup.config.to_dict().items()
-                   if k in saved and str(saved[k]) != str(v))
+  current = json.loads(setup.config.to_json())
+  changed = sorted(k for k, v in current.items() if saved.get(k) != v)
   if changed:
     logging.warning("Resuming step %d with a config that differs in %s.", step, changed)
   state, data_state = ckpt.restore(step, setup.abstract_state())
@@ -404,7 +408,8 @@ def train_and_evaluate(config, workdir: str) -> TrainState:
         state, metrics = setup.train_step(state, train_data.to_device(batch, setup.data_sharding))
         pending.append((step, metrics))
         last = step == total
-        preempted = stop.requested or (jax.process_count() > 1 and ckpt.reached_preemption(step))
+        preempted = (ckpt.reached_preemption(step) if jax.process_count() > 1  # all hosts agree
+                     else stop.requested)
         if step % config.logging.every_steps == 0 or last or preempted:
           check_finite(pending, ckpt)
           logged = mean_metrics(jax.device_get([m for _, m in pending]))
@@ -417,7 +422,7 @@ def train_and_evaluate(config, workdir: str) -> TrainState:
           writer.write(step, {f"eval/{k}": v for k, v in evaluate(setup, state).items()})
         if step % c_cfg.every_steps == 0 or last or preempted:
           check_finite(pending, ckpt)
-          ckpt.save(step, state, config.to_dict(), train_iter.get_state(), force=True)
+          ckpt.save(step, state, json.loads(config.to_json()), train_iter.get_state(), force=True)
         if preempted:
           break
     ckpt.wait()
