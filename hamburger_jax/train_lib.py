@@ -10,6 +10,13 @@ orbax saves (every N steps, on SIGTERM, at the end) -> params-only export to wor
 Modes: "hamburger" trains the grafted model (`HamburgerModel`, loss of `hamburger_jax.losses`,
 optionally with the base frozen and/or a distillation term); "base_lm" trains the base Llama alone
 with next-token cross-entropy on batches whose groups all have size 1.
+
+Distillation (loss.kl_weight > 0): the teacher is the base model as it was at the start (the live
+base params when the base is frozen, else a copy kept in the state and checkpoint). Its logits are
+computed on device inside the step: `plain_view` rebuilds the plain, unmerged token rows of the
+packed batch (loss.teacher_len tokens per row, default seq_len * max_steps; targets past that are
+left out of the KL) and one more base forward over them gives the teacher's distribution for every
+target token. Nothing is added to the batch on the host.
 """
 
 from __future__ import annotations

@@ -76,3 +76,18 @@ def test_nan_loss_stops_with_the_step_and_keeps_the_good_checkpoint(tmp_path):
                                                r"checkpoint is step 1"):
     train_lib.train_and_evaluate(c, str(tmp_path))
   assert sorted(os.listdir(tmp_path / "checkpoints")) == ["1"]
+
+
+def test_paper_config_builds_abstractly():
+  """configs/llama3_1b.py: shapes, shardings and the optimizer state via eval_shape (no memory)."""
+  from configs import llama3_1b
+  from hamburger_jax import sharding
+  from hamburger_jax.model import param_count
+  c = llama3_1b.get_config()
+  train_lib.validate_config(c)
+  setup = train_lib.Setup(c, train_lib.model_config(c), sharding.make_mesh(c.mesh))
+  assert setup.cfg.base.num_layers == 16 and setup.cfg.base.dtype == "bfloat16"
+  assert setup.abstract.params["base"]["embed_tokens"]["embedding"].dtype == jax.numpy.float32
+  assert 1.2e9 < param_count(setup.abstract.params["base"]) < 1.3e9
+  assert param_count(setup.abstract.opt_state) > 2 * param_count(setup.abstract.params)
+  assert (c.optim.base_lr, c.optim.grafted_lr, c.optim.grad_accum_steps) == (5e-5, 1e-4, 2)
