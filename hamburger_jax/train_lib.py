@@ -427,6 +427,7 @@ def train_and_evaluate(config, workdir: str) -> TrainState:
           pending, tick = [], now
         if config.eval.every_steps and (step % config.eval.every_steps == 0 or last):
           writer.write(step, {f"eval/{k}": v for k, v in evaluate(setup, state).items()})
+          tick = time.time()                  # tokens/s counts training time only
         if step % c_cfg.every_steps == 0 or last or preempted:
           check_finite(pending, ckpt)
           ckpt.save(step, state, json.loads(config.to_json()), train_iter.get_state(), force=True)
