@@ -1,7 +1,7 @@
 """Decode with a HAMburger (or plain Llama) checkpoint. Logic: hamburger_jax/decode_cli.py.
 
     python decode.py --make_tiny_checkpoint /tmp/tiny_ckpt
-    python decode.py --ckpt /tmp/tiny_ckpt --token_ids --prompt 1,5,7 --json
+    python decode.py --ckpt /tmp/tiny_ckpt --token_ids 1,5,7 --json
     python decode.py --ckpt DIR --tokenizer DIR/tokenizer.json --chat --prompt "Hi" --show_groups
 
 Bad input exits with code 2 and one line on stderr.
@@ -28,10 +28,12 @@ def _parse_flags(argv):
 
 def main(argv):
   logging.set_verbosity(logging.WARNING)
-  if len(argv) > 1:
-    print(f"error: unexpected arguments {argv[1:]} (use --prompt)", file=sys.stderr)
+  try:
+    args = decode_cli.args_from_flags(FLAGS, argv[1:])   # positional arguments: the prompt
+  except decode_cli.UsageError as e:
+    print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
-  sys.exit(decode_cli.run(decode_cli.args_from_flags(FLAGS)))
+  sys.exit(decode_cli.run(args))
 
 
 if __name__ == "__main__":

@@ -311,7 +311,7 @@ def _run(a: DecodeArgs, stdout: TextIO, stderr: TextIO, stdin: TextIO) -> int:
                     out_length=-(-a.max_new_tokens // 64) * 64, eos_ids=sorted(set(eos)))
   knobs = dict(max_new_tokens=a.max_new_tokens, confidence=a.confidence,
                temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, seed=a.seed,
-               max_group=a.max_group or None)
+               max_group=(a.max_group or None) if not base_only else None)
   sampler.check_prompts(prompts)
   color = a.show_groups and not a.json and stdout.isatty()
   printer = Printer(tokenizer, a.show_groups, color)
@@ -348,7 +348,8 @@ _HELP = {
             "checkpoint file (with --base_config)",
     "base_config": "HF config.json of the base model, for an original HAMburger checkpoint",
     "tokenizer": "tokenizer.json or its directory (default: beside --ckpt)",
-    "prompt": "one prompt (comma-separated ids with --token_ids); default: stdin, one per line",
+    "prompt": "one prompt (comma-separated ids with --token_ids); also accepted as a positional "
+              "argument; default: stdin, one prompt per line",
     "prompt_file": "file with one prompt per line (decoded as one batch)",
     "token_ids": "prompts are comma-separated token ids and output is ids (no tokenizer)",
     "chat": "wrap prompts in the chat template (Llama-3 headers or ChatML)",
@@ -386,5 +387,12 @@ def define_flags(flags_module) -> None:
       flags_module.DEFINE_string(field.name, value, help_text)
 
 
-def args_from_flags(flag_values) -> DecodeArgs:
-  return DecodeArgs(**{f.name: getattr(flag_values, f.name) for f in dataclasses.fields(DecodeArgs)})
+def args_from_flags(flag_values, positional: Sequence[str] = ()) -> DecodeArgs:
+  """DecodeArgs from parsed flags; positional arguments are the prompt
+  (`decode.py --ckpt DIR --token_ids 1,5,7` is `--token_ids --prompt 1,5,7`)."""
+  args = DecodeArgs(**{f.name: getattr(flag_values, f.name) for f in dataclasses.fields(DecodeArgs)})
+  if positional:
+    if args.prompt is not None:
+      raise UsageError(f"Give the prompt once: --prompt or the argument {positional[0]!r}.")
+    args.prompt = " ".join(positional)
+  return args

@@ -27,9 +27,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from hamburger_jax import decode_state as ds
-from hamburger_jax.decode_state import DecodeResult
 from hamburger_jax.attention import init_cache
 from hamburger_jax.config import HamburgerConfig, LlamaConfig
+from hamburger_jax.decode_state import DecodeResult
 from hamburger_jax.llama import LlamaModel
 from hamburger_jax.model import HamburgerModel
 from hamburger_jax.sampling import SamplingParams, sample_tokens, token_log_probs
@@ -240,7 +240,9 @@ class Sampler:
   cfg/params: a HamburgerConfig with HAMburger params, or a LlamaConfig with Llama params. With
   `base=True` a HAMburger model decodes with its base model only (params["base"]).
   cache_length (L) and out_length (N, default L) are the static buffer sizes; eos_ids defaults
-  to the config's (a decode call may pass its own). Prompts are padded to power-of-two buckets (batch rows and prefill length).
+  to the config's (a decode call may pass its own). Batch rows and the prefill length are padded
+  to power-of-two buckets (prefill at least `min_prompt_bucket`, at most L). On accelerators the
+  loop donates its state (the KV buffers are updated in place).
   """
 
   def __init__(self, cfg, params, *, base: bool = False, cache_length: int = 1024,

@@ -40,7 +40,8 @@ def _run(stdin="", **kwargs):
 
 
 def test_token_ids_json_end_to_end(ckpt):
-  proc = _decode_py("--ckpt", ckpt, "--token_ids", "--prompt", "1,5,7", "--json",
+  # The README's form: the prompt ids as a positional argument after --token_ids.
+  proc = _decode_py("--ckpt", ckpt, "--token_ids", "1,5,7", "--json",
                     "--max_new_tokens", "12", "--confidence", "0.5")
   assert proc.returncode == 0, proc.stderr
   out = json.loads(proc.stdout)
@@ -145,6 +146,7 @@ def test_bad_input_gives_exit_code_2_and_a_clear_message(ckpt, kwargs, message):
     (["--prompt", ""], "empty"),
     (["--prompt", "1,5", "--confidence", "abc"], "confidence"),
     (["--prompt", "1,999"], "outside the vocabulary"),
+    (["--prompt", "1,5", "1,6"], "Give the prompt once"),
 ])
 def test_bad_input_in_a_subprocess(ckpt, args, message):
   proc = _decode_py("--ckpt", ckpt, "--token_ids", *args)
