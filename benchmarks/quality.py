@@ -1,0 +1,78 @@
+r"""Speed-quality benchmark of the shipped HAMburger-SmolLM2 against its base, in one run.
+
+    python benchmarks/quality.py --out_dir benchmarks/results            # full (64 held-out prompts)
+    python benchmarks/quality.py --num_prompts 4 --max_new_tokens 16     # quick
+
+Held-out prompts come from standard-library functions never used in training (split by function,
+see hamburger_jax/recipes/stdlib_prompts.py). Writes quality.json, quality.md and quality.png.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from hamburger_jax import evaluation  # noqa: E402
+from hamburger_jax.gguf_tokenizer import apply_chatml  # noqa: E402
+from hamburger_jax.recipes import smollm2  # noqa: E402
+from hamburger_jax.recipes.stdlib_prompts import stdlib_prompts  # noqa: E402
+from hamburger_jax.sampler import Sampler  # noqa: E402
+
+
+def heldout_prompts(n: int):
+  prompts = [p for p in stdlib_prompts() if p["split"] == "heldout"]
+  # Interleave kinds so a small n still has code prompts.
+  by_kind = {}
+  for p in prompts:
+    by_kind.setdefault(p["kind"], []).append(p)
+  out = []
+  while len(out) < n and any(by_kind.values()):
+    for kind in sorted(by_kind):
+      if by_kind[kind] and len(out) < n:
+        out.append(by_kind[kind].pop(0))
+  return out
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--num_prompts", type=int, default=64)
+  parser.add_argument("--max_new_tokens", type=int, default=96)
+  parser.add_argument("--confidences", default="0.5,0.6,0.7,0.8,0.9,1.0")
+  parser.add_argument("--asset_dir", default=smollm2.ASSET_DIR)
+  parser.add_argument("--out_dir", default="")
+  parser.add_argument("--repeats", type=int, default=1)
+  args = parser.parse_args(argv)
+
+  t0 = time.time()
+  cfg, params, tok, base_cfg = smollm2.load_shipped(args.asset_dir)
+  items = heldout_prompts(args.num_prompts)
+  prompts = [tok.encode(apply_chatml(p["prompt"], default_system=smollm2.SYSTEM_PROMPT),
+                        add_special_tokens=False).ids for p in items]
+  cache = max(len(p) for p in prompts) + args.max_new_tokens
+  kw = dict(cache_length=cache, out_length=args.max_new_tokens, min_prompt_bucket=16)
+  hamburger = Sampler(cfg, params, **kw)
+  base = Sampler(cfg, params, base=True, **kw)
+  scorer = evaluation.BaseScorer(base_cfg, params["base"])
+  result = evaluation.measure(
+      hamburger, base, scorer, prompts, [float(c) for c in args.confidences.split(",")],
+      args.max_new_tokens, decode_text=tok.decode,
+      code_prompt=[p["kind"] == "write" for p in items], repeats=args.repeats)
+  result["seconds"] = time.time() - t0
+  table = evaluation.format_table(result)
+  print(table)
+  print(json.dumps(result))
+  if args.out_dir:
+    os.makedirs(args.out_dir, exist_ok=True)
+    with open(os.path.join(args.out_dir, "quality.json"), "w") as f:
+      json.dump(result, f, indent=2)
+    with open(os.path.join(args.out_dir, "quality.md"), "w") as f:
+      f.write(table + "\n")
+    evaluation.plot(result, os.path.join(args.out_dir, "quality.png"))
+  return result
+
+
+if __name__ == "__main__":
+  main()

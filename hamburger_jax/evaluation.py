@@ -1,0 +1,146 @@
+"""Speed and quality of HAMburger decoding against its own base model, measured in one run.
+
+For each confidence: tokens per macro step, KV entries per generated token, decode tokens/s
+(ratio to the base), agreement with the base's greedy output (token level and exact match),
+the base model's mean negative log-likelihood of the generated text (HAMburger's vs the base's
+own), and, for code prompts, the fraction of answers whose Python code parses.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hamburger_jax.llama import LlamaModel
+from hamburger_jax.sampler import Sampler
+
+_CODE_BLOCK = re.compile(r"```(?:python|py)?\n(.*?)(?:```|$)", re.S)
+
+
+def code_parses(text: str) -> bool:
+  """True when the answer's first ```python block (or the whole answer) is valid Python."""
+  m = _CODE_BLOCK.search(text)
+  code = m.group(1) if m else text
+  try:
+    ast.parse(code)
+    return True
+  except (SyntaxError, ValueError):
+    return False
+
+
+def agreement(a: Sequence[int], b: Sequence[int]) -> tuple[float, bool]:
+  """(fraction of positions of the longer sequence where both agree, exact match)."""
+  n = max(len(a), len(b), 1)
+  same = sum(int(x == y) for x, y in zip(a, b))
+  return same / n, list(a) == list(b)
+
+
+class BaseScorer:
+  """Mean NLL (per generated token) of continuations under the base model, jitted per bucket."""
+
+  def __init__(self, cfg, params):
+    self.cfg, self.params = cfg, params
+    self._fn = jax.jit(self._nll)
+
+  def _nll(self, params, tokens, mask):
+    logits = LlamaModel(self.cfg).apply({"params": params}, tokens).logits[:, :-1]
+    logp = jax.nn.log_softmax(logits, -1)
+    picked = jnp.take_along_axis(logp, tokens[:, 1:, None], -1)[..., 0]
+    return -(picked * mask[:, 1:]).sum(-1), mask[:, 1:].sum(-1)
+
+  def mean_nll(self, prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]]) -> float:
+    rows = [list(p) + list(o) for p, o in zip(prompts, outputs)]
+    length = 1 << max(4, (max(len(r) for r in rows) - 1).bit_length())
+    tokens = np.zeros((len(rows), length), np.int32)
+    mask = np.zeros((len(rows), length), np.float32)
+    for i, (p, r) in enumerate(zip(prompts, rows)):
+      tokens[i, :len(r)] = r
+      mask[i, len(p):len(r)] = 1.0
+    total, count = self._fn(self.params, tokens, mask)
+    return float(np.sum(total) / max(np.sum(count), 1.0))
+
+
+def measure(hamburger: Sampler, base: Sampler, scorer: BaseScorer, prompts: Sequence[Sequence[int]],
+            confidences: Sequence[float], max_new_tokens: int,
+            decode_text: Callable[[Sequence[int]], str] | None = None,
+            code_prompt: Sequence[bool] | None = None, repeats: int = 1) -> dict:
+  """Runs the base and HAMburger (greedy) on the same prompts -> a dict of rows and summary."""
+  def timed(sampler, **kw):
+    sampler.decode(prompts, max_new_tokens=max_new_tokens, **kw)          # compile + warm up
+    best = None
+    for _ in range(repeats):
+      r = sampler.decode(prompts, max_new_tokens=max_new_tokens, **kw)
+      best = r if best is None or r.decode_s < best.decode_s else best
+    return best
+
+  base_run = timed(base)
+  base_tokens = sum(len(t) for t in base_run.tokens)
+  base_tps = base_tokens / base_run.decode_s
+  code_prompt = code_prompt or [False] * len(prompts)
+
+  def quality(run) -> dict:
+    agree = [agreement(h, b) for h, b in zip(run.tokens, base_run.tokens)]
+    out = {"token_agreement": float(np.mean([a for a, _ in agree])),
+           "exact_match": float(np.mean([e for _, e in agree])),
+           "base_nll": scorer.mean_nll(prompts, run.tokens)}
+    if decode_text is not None and any(code_prompt):
+      texts = [decode_text(t) for t, c in zip(run.tokens, code_prompt) if c]
+      out["code_parses"] = float(np.mean([code_parses(t) for t in texts]))
+    return out
+
+  rows = [{"model": "base", "confidence": None, "tokens": base_tokens,
+           "tokens_per_step": 1.0, "kv_per_token": 1.0, "tokens_per_s": base_tps,
+           "speedup": 1.0, **quality(base_run)}]
+  for conf in confidences:
+    run = timed(hamburger, confidence=conf)
+    tokens = sum(len(t) for t in run.tokens)
+    steps = sum(run.macro_steps)
+    tps = tokens / run.decode_s
+    rows.append({"model": "hamburger", "confidence": conf, "tokens": tokens,
+                 "tokens_per_step": tokens / max(steps, 1), "kv_per_token": steps / max(tokens, 1),
+                 "tokens_per_s": tps, "speedup": tps / base_tps, **quality(run)})
+  return {"prompts": len(prompts), "max_new_tokens": max_new_tokens, "rows": rows,
+          "device": jax.devices()[0].device_kind, "backend": jax.default_backend()}
+
+
+def format_table(result: dict) -> str:
+  cols = ["model", "confidence", "tokens_per_step", "kv_per_token", "tokens_per_s", "speedup",
+          "token_agreement", "exact_match", "base_nll", "code_parses"]
+  lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+  for row in result["rows"]:
+    cells = []
+    for c in cols:
+      v = row.get(c)
+      cells.append("-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v))
+    lines.append("| " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+def plot(result: dict, path: str) -> None:
+  """Speed-quality trade-off: tokens per step and speed-up vs agreement, one point per confidence."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  rows = [r for r in result["rows"] if r["model"] == "hamburger"]
+  conf = [r["confidence"] for r in rows]
+  fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+  axes[0].plot(conf, [r["tokens_per_step"] for r in rows], "o-", label="tokens per macro step")
+  axes[0].plot(conf, [r["speedup"] for r in rows], "s-", label="tokens/s vs base")
+  axes[0].set_xlabel("confidence")
+  axes[0].legend()
+  axes[0].grid(alpha=0.3)
+  axes[1].plot([r["tokens_per_step"] for r in rows], [r["token_agreement"] for r in rows], "o-")
+  for r in rows:
+    axes[1].annotate(f"{r['confidence']}", (r["tokens_per_step"], r["token_agreement"]))
+  axes[1].set_xlabel("tokens per macro step")
+  axes[1].set_ylabel("token agreement with base greedy")
+  axes[1].grid(alpha=0.3)
+  fig.suptitle(f"HAMburger vs base ({result['backend']}, {result['prompts']} prompts)")
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)

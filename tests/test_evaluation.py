@@ -1,0 +1,44 @@
+"""Quality metrics of the speed-quality benchmark, and a CI-sized run of it on random weights."""
+
+import jax
+import numpy as np
+
+from hamburger_jax import evaluation
+from hamburger_jax.config import get_preset
+from hamburger_jax.model import init_params
+from hamburger_jax.sampler import Sampler
+
+
+def test_code_parses():
+  assert evaluation.code_parses("Here:\n```python\ndef f(x):\n    return x + 1\n```\nDone.")
+  assert not evaluation.code_parses("```python\ndef f(x:\n    return\n```")
+  assert evaluation.code_parses("x = 1")
+  assert not evaluation.code_parses("The answer is: def (")
+
+
+def test_agreement():
+  assert evaluation.agreement([1, 2, 3], [1, 2, 3]) == (1.0, True)
+  frac, exact = evaluation.agreement([1, 2, 4, 5], [1, 2, 3])
+  assert frac == 0.5 and not exact
+  assert evaluation.agreement([], []) == (0.0, True)
+
+
+def test_measure_on_tiny_random_model():
+  """The benchmark's numbers are consistent with each other (the real figures need trained weights)."""
+  cfg = get_preset("tiny")
+  params = init_params(cfg, jax.random.PRNGKey(0))
+  prompts = [[5, 6, 7, 8], [9, 10, 11]]
+  kw = dict(cache_length=32, out_length=12)
+  ham, base = Sampler(cfg, params, **kw), Sampler(cfg, params, base=True, **kw)
+  scorer = evaluation.BaseScorer(cfg.base, params["base"])
+  result = evaluation.measure(ham, base, scorer, prompts, [0.5, 1.0], max_new_tokens=12,
+                              decode_text=lambda ids: " ".join(map(str, ids)),
+                              code_prompt=[True, False])
+  rows = {r["confidence"]: r for r in result["rows"]}
+  assert rows[None]["token_agreement"] == 1.0 and rows[None]["exact_match"] == 1.0
+  # Confidence 1.0 never continues a group: every macro step is one token, identical to the base.
+  assert rows[1.0]["tokens_per_step"] == 1.0 and rows[1.0]["exact_match"] == 1.0
+  np.testing.assert_allclose(rows[1.0]["base_nll"], rows[None]["base_nll"], rtol=1e-6)
+  assert 1.0 <= rows[0.5]["tokens_per_step"] <= cfg.max_steps
+  np.testing.assert_allclose(rows[0.5]["kv_per_token"] * rows[0.5]["tokens_per_step"], 1.0)
+  assert "| hamburger | 0.500 |" in evaluation.format_table(result)
