@@ -1,7 +1,7 @@
 """Decode speed: plain base-model decoding vs HAMburger, same prompts, same weights, one run.
 
     python benchmarks/decode_speed.py                                  # tiny random weights
-    python benchmarks/decode_speed.py --quick                          # a minute on a CPU
+    python benchmarks/decode_speed.py --quick                          # a few minutes on a CPU
     python benchmarks/decode_speed.py --preset small --batch_sizes 1,8 --lengths 64,256,1024
     python benchmarks/decode_speed.py --ckpt /path/to/export_dir       # real weights
 
@@ -15,10 +15,12 @@ HAMburger that ratio also holds the micro-decoder steps.
 Random weights (no --ckpt) say nothing about quality or about a trained model's group lengths.
 Their stop decisions are made realistic this way: every matrix is drawn with std 0.08
 (hamburger_jax.decode_cli.random_params), then the stop head's last layer (kernel scale and bias)
-is set so that the stop logits seen while decoding the benchmark's own prompts (all rows of the largest batch) have mean
---stop_mean and std --stop_std (two passes: decoding with full groups, then at confidence 0.8).
-Continue-probabilities then spread over (0, 1) and groups get 1..4 tokens depending on the
-confidence; on the tiny preset, mean group size is about 2.2 at confidence 0.5 and 1.5 at 0.8.
+is set so that the stop logits seen while decoding the benchmark's own prompts (all rows of the
+largest batch) have mean --stop_mean and std --stop_std (two passes: decoding with full groups,
+then at confidence 0.8). Continue-probabilities then spread over (0, 1) and groups get 1..4
+tokens depending on the confidence. Random weights also repeat tokens, and how long the groups
+get differs a lot from prompt to prompt: the table reports what happened, row by row.
+In a batch, the loop runs until its slowest row is done (static batching).
 Writes <out_dir>/decode_speed.json and, with matplotlib installed, decode_speed.png.
 """
 
@@ -184,7 +186,8 @@ def plot(records, path) -> bool:
   fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
   keys = sorted({(r["batch"], r["new_tokens"]) for r in records})
   for i, (b, n) in enumerate(keys):
-    ham = [r for r in records if r["mode"] == "hamburger" and (r["batch"], r["new_tokens"]) == (b, n)]
+    ham = [r for r in records
+           if r["mode"] == "hamburger" and (r["batch"], r["new_tokens"]) == (b, n)]
     base = _base_of(records, b, n)
     xs = [r["confidence"] for r in ham]
     color = f"C{i}"

@@ -70,8 +70,8 @@ def calibrate_stop_head(cfg: HamburgerConfig, params, mean: float, std: float, s
   examples = []
   for _ in range(4):
     steps = rng.integers(1, s + 1, 8).tolist()
-    examples.append((rng.integers(0, vocab, 8).tolist(), rng.integers(0, vocab, sum(steps)).tolist(),
-                     steps))
+    prompt = rng.integers(0, vocab, 8).tolist()
+    examples.append((prompt, rng.integers(0, vocab, sum(steps)).tolist(), steps))
   batch = make_batch(examples, s, 8 + 8, pack=False)
   out = _jitted_forward(cfg)({"params": params}, batch)
   logits = np.asarray(out.stop_logits)[np.arange(s) < batch["target_lengths"][..., None]]
@@ -256,7 +256,8 @@ def _summary(stats: dict) -> str:
   return (f"{stats['new_tokens']} new tokens in {stats['macro_steps']} macro steps "
           f"({stats['tokens_per_macro_step']:.2f} tokens/step); KV slots {stats['kv_slots_used']} "
           f"(plain decoding: {stats['kv_slots_base']}); prefill {stats['prefill_s'] * 1e3:.1f} ms; "
-          f"decode {stats['decode_tokens_per_s']:.1f} tokens/s; compile {stats['compile_s']:.1f} s; "
+          f"decode {stats['decode_tokens_per_s']:.1f} tokens/s; "
+          f"compile {stats['compile_s']:.1f} s; "
           f"finish {','.join(stats['finish_reasons'])}")
 
 
@@ -390,7 +391,8 @@ def define_flags(flags_module) -> None:
 def args_from_flags(flag_values, positional: Sequence[str] = ()) -> DecodeArgs:
   """DecodeArgs from parsed flags; positional arguments are the prompt
   (`decode.py --ckpt DIR --token_ids 1,5,7` is `--token_ids --prompt 1,5,7`)."""
-  args = DecodeArgs(**{f.name: getattr(flag_values, f.name) for f in dataclasses.fields(DecodeArgs)})
+  names = [f.name for f in dataclasses.fields(DecodeArgs)]
+  args = DecodeArgs(**{name: getattr(flag_values, name) for name in names})
   if positional:
     if args.prompt is not None:
       raise UsageError(f"Give the prompt once: --prompt or the argument {positional[0]!r}.")

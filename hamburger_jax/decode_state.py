@@ -122,8 +122,9 @@ class DecodeResult:
         logits=take(st.out_logit, float), stop_logits=take(st.out_stop, float),
         finish_reasons=[FINISH_NAMES[int(f)] for f in np.asarray(st.finish)[:rows]],
         macro_steps=[int(m) for m in np.asarray(st.macro_steps)[:rows]],
-        prompt_lengths=[int(x) for x in np.asarray(st.slot)[:rows] - np.asarray(st.macro_steps)[:rows]
-                        + 1],
+        # slot = T - 1 + macro steps (the prompt's last token was fed at slot T - 1).
+        prompt_lengths=[int(x) + 1 for x in
+                        np.asarray(st.slot)[:rows] - np.asarray(st.macro_steps)[:rows]],
         iterations=int(st.iteration), **timings)
 
   def groups(self, row: int) -> list[list[int]]:
