@@ -6,6 +6,7 @@ Public API:
   LlamaModel                                    the base Llama (llama.py)
   make_batch                                    host-side training batch builder (batch.py)
   hamburger_loss                                CE + 0.5 stop BCE (+ KL) (losses.py)
+  Sampler, SamplingParams, DecodeResult         batched decoding, one jitted while_loop (sampler.py)
   load_model, load_hf_llama, load_original,     checkpoint import/export (convert/)
   save_hamburger, load_hamburger, export_hf_llama
 """
@@ -16,10 +17,14 @@ from hamburger_jax.convert import (CheckpointError, export_hf_llama, load_hambur
                                    load_model, load_original, save_hamburger)
 from hamburger_jax.llama import LlamaModel
 from hamburger_jax.losses import hamburger_loss
+from hamburger_jax.decode_state import DecodeResult
 from hamburger_jax.model import HamburgerModel, init_params
+from hamburger_jax.sampler import Sampler
+from hamburger_jax.sampling import SamplingParams
 
 __all__ = [
-    "CheckpointError", "HamburgerConfig", "HamburgerModel", "LlamaConfig", "LlamaModel",
+    "CheckpointError", "DecodeResult", "HamburgerConfig", "HamburgerModel", "LlamaConfig", "LlamaModel",
     "export_hf_llama", "get_preset", "hamburger_loss", "init_params", "load_hamburger",
-    "load_hf_llama", "load_model", "load_original", "make_batch", "save_hamburger",
+    "load_hf_llama", "load_model", "load_original", "make_batch", "Sampler", "SamplingParams",
+    "save_hamburger",
 ]

@@ -29,6 +29,19 @@ class TrainOutput(NamedTuple):
   embeddings: jax.Array    # [B, M, D] merged inputs of the base model
   features: jax.Array      # [B, M, F, D] base features at each macro position
   micro_outputs: jax.Array  # [B, M, S, D] micro-step vectors (before the heads)
+  target_tokens: jax.Array  # [B, M, S] the targets the logits line up with
+  target_lengths: jax.Array  # [B, M]
+
+
+def gather_target_positions(batch: Mapping[str, Any], max_targets: int):
+  """Indices [B, K] of the first K macro positions that have a target, in order.
+
+  Rows with fewer targets are padded with positions whose target length is 0; targets past the
+  K-th of a row are dropped (size K from the data: the most groups a packed row can hold).
+  """
+  has_target = batch["target_lengths"] > 0
+  order = jnp.argsort(~has_target, axis=1, stable=True)
+  return order[:, :max_targets]
 
 
 class HamburgerModel(nn.Module):
@@ -69,19 +82,32 @@ class HamburgerModel(nn.Module):
 
   # --- training ---------------------------------------------------------------------------------
 
-  def __call__(self, batch: Mapping[str, Any]) -> TrainOutput:
-    """Teacher-forced forward over a packed batch (fields of `hamburger_jax.batch`)."""
+  def __call__(self, batch: Mapping[str, Any], max_targets: int | None = None) -> TrainOutput:
+    """Teacher-forced forward over a packed batch (fields of `hamburger_jax.batch`).
+
+    With `max_targets` = K (static), the micro decoder and the heads run only on the first K
+    positions of each row that have a target (prompt positions predict nothing), so the outputs
+    are [B, K, ...] and `target_tokens` / `target_lengths` are gathered to match.
+    """
     s = self.cfg.max_steps
-    out = self.base_forward(batch["group_tokens"], batch["group_lengths"], batch["positions"],
-                            batch["segment_ids"])
-    b, m, f, d = out.features.shape
-    teacher = self.base.embed(batch["target_tokens"][..., :s - 1])      # [B, M, S-1, D]
-    micro = self.micro_decoder.teacher_forced(out.features.reshape(b * m, f, d),
+    embeddings = self.embed_groups(batch["group_tokens"], batch["group_lengths"])
+    out = self.base(embeddings=embeddings, positions=batch["positions"],
+                    segment_ids=batch["segment_ids"], feature_layers=self.cfg.feature_layers,
+                    return_logits=False)
+    features = out.features
+    targets, lengths = batch["target_tokens"], batch["target_lengths"]
+    if max_targets is not None:
+      idx = gather_target_positions(batch, max_targets)
+      features = jnp.take_along_axis(features, idx[:, :, None, None], axis=1)
+      targets = jnp.take_along_axis(targets, idx[:, :, None], axis=1)
+      lengths = jnp.take_along_axis(lengths, idx, axis=1)
+    b, m, f, d = features.shape
+    teacher = self.base.embed(targets[..., :s - 1])                      # [B, M, S-1, D]
+    micro = self.micro_decoder.teacher_forced(features.reshape(b * m, f, d),
                                               teacher.reshape(b * m, s - 1, d))
     micro = micro.reshape(b, m, s, d)
     logits, stops = self.heads(micro)
-    embeddings = self.embed_groups(batch["group_tokens"], batch["group_lengths"])
-    return TrainOutput(logits, stops, embeddings, out.features, micro)
+    return TrainOutput(logits, stops, embeddings, features, micro, targets, lengths)
 
 
 def dummy_batch(cfg: HamburgerConfig, rows: int = 1, length: int = 2) -> dict[str, jax.Array]:

@@ -101,6 +101,12 @@ def validate_config(config, num_devices: int | None = None) -> None:
     raise ValueError(f"optim.name {config.optim.name!r} is not supported (only 'adamw').")
   if config.mode == "base_lm" and config.loss.kl_weight:
     raise ValueError("loss.kl_weight applies to mode 'hamburger' only.")
+  if config.model.max_targets and config.loss.kl_weight:
+    raise ValueError("model.max_targets and loss.kl_weight cannot be combined (the teacher logits "
+                     "are per macro position): set model.max_targets=0 for distillation.")
+  if not 0 <= config.model.max_targets <= config.data.seq_len:
+    raise ValueError(f"model.max_targets must be in 0..data.seq_len ({config.data.seq_len}), got "
+                     f"{config.model.max_targets}.")
   train_data.validate(config)
 
 
@@ -168,11 +174,19 @@ def expected_tokens_per_step(stop_logits, target_lengths):
   return masked_mean(reach.sum(-1), target_lengths > 0)
 
 
-def hamburger_train_loss(cfg: HamburgerConfig, loss_cfg, plain_len, params, batch, teacher):
-  """HAMburger loss (+ kl_weight x KL to the teacher) -> (loss, metrics)."""
-  out = HamburgerModel(cfg).apply({"params": params}, batch)
-  loss, metrics = hamburger_loss(out.logits, out.stop_logits, batch["target_tokens"],
-                                 batch["target_lengths"], stop_weight=loss_cfg.stop_weight)
+def hamburger_train_loss(cfg: HamburgerConfig, loss_cfg, plain_len, max_targets, params, batch,
+                         teacher):
+  """HAMburger loss (+ kl_weight x KL to the teacher) -> (loss, metrics).
+
+  max_targets (static, None = all): the micro decoder runs only on that many target positions
+  per row (see HamburgerModel.__call__); positions past it are counted in `targets_dropped`.
+  """
+  out = HamburgerModel(cfg).apply({"params": params}, batch, max_targets=max_targets)
+  loss, metrics = hamburger_loss(out.logits, out.stop_logits, out.target_tokens,
+                                 out.target_lengths, stop_weight=loss_cfg.stop_weight)
+  if max_targets is not None:
+    metrics["targets_dropped"] = (jnp.sum(batch["target_lengths"] > 0)
+                                  - jnp.sum(out.target_lengths > 0)).astype(jnp.float32)
   if loss_cfg.kl_weight:
     t_params = params["base"] if teacher is None else teacher
     t_logits, valid = teacher_logits(cfg.base, jax.lax.stop_gradient(t_params), batch, plain_len)
@@ -181,7 +195,7 @@ def hamburger_train_loss(cfg: HamburgerConfig, loss_cfg, plain_len, params, batc
     loss = loss + loss_cfg.kl_weight * metrics["kl"]
     metrics["loss"] = loss
   metrics["expected_tokens_per_step"] = expected_tokens_per_step(out.stop_logits,
-                                                                 batch["target_lengths"])
+                                                                 out.target_lengths)
   return loss, metrics
 
 
@@ -190,7 +204,8 @@ def make_loss_fn(config, cfg: HamburgerConfig):
   if config.mode == "base_lm":
     return lambda params, batch, teacher: base_lm_loss(cfg.base, params, batch)
   plain_len = config.loss.teacher_len or config.data.seq_len * cfg.max_steps
-  return functools.partial(hamburger_train_loss, cfg, config.loss, plain_len)
+  max_targets = config.model.max_targets or None
+  return functools.partial(hamburger_train_loss, cfg, config.loss, plain_len, max_targets)
 
 
 # --- steps ------------------------------------------------------------------------------------------

@@ -144,3 +144,17 @@ def test_params_carry_logical_axes():
   assert tuple(specs["micro_decoder"]["layers_0"]["mlp"]["down_proj"]["kernel"]) == ("mlp", "embed")
   leaves = jax.tree_util.tree_leaves(specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
   assert all(all(a is not None for a in spec) for spec in leaves)
+
+
+def test_gathered_targets_give_the_same_loss():
+  from hamburger_jax.losses import hamburger_loss
+  examples = _examples(np.random.RandomState(6), 4)
+  batch = jax.tree_util.tree_map(jnp.asarray, make_batch(examples, S, seq_len=40))
+  most = int((batch["target_lengths"] > 0).sum(1).max())
+  full = MODEL.apply({"params": PARAMS}, batch)
+  part = MODEL.apply({"params": PARAMS}, batch, max_targets=most)
+  assert part.logits.shape[1] == most < full.logits.shape[1]
+  loss = lambda o: hamburger_loss(o.logits, o.stop_logits, o.target_tokens, o.target_lengths)
+  (l_full, m_full), (l_part, m_part) = loss(full), loss(part)
+  np.testing.assert_allclose(l_part, l_full, rtol=1e-5)
+  assert float(m_part["tokens"]) == float(m_full["tokens"])
