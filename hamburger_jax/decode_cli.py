@@ -112,7 +112,7 @@ def make_tiny_checkpoint(directory: str, seed: int = 0, num_layers: int = 4) -> 
 @dataclasses.dataclass
 class DecodeArgs:
   """Everything decode.py accepts (field = flag)."""
-  ckpt: str | None = None           # export dir, HF Llama dir, or original checkpoint file
+  ckpt: str | None = None           # export dir, HF Llama dir, original checkpoint, or "smollm2"
   base_config: str | None = None    # HF config.json of the base model (original checkpoints)
   tokenizer: str | None = None      # tokenizer.json or its directory (default: beside --ckpt)
   prompt: str | None = None         # one prompt (comma-separated ids with --token_ids)
@@ -133,6 +133,7 @@ class DecodeArgs:
   cache_length: int = 0             # KV slots per row (0 = longest prompt + max_new_tokens)
   stream_steps: int = 4             # macro steps per streamed chunk
   make_tiny_checkpoint: str | None = None  # write a random tiny checkpoint here and exit
+  compare_base: bool = False        # also decode with the base alone; print both and the ratios
 
 
 def check_args(a: DecodeArgs) -> None:
@@ -274,8 +275,18 @@ def run(a: DecodeArgs, stdout: TextIO | None = None, stderr: TextIO | None = Non
     return 2
 
 
+SHIPPED = "smollm2"   # --ckpt name of the shipped HAMburger-SmolLM2 (hamburger_jax/assets)
+
+
 def _load(a: DecodeArgs):
   """-> (config, params, base_only) from any supported checkpoint."""
+  if a.ckpt == SHIPPED:
+    from hamburger_jax.recipes import smollm2
+    try:
+      cfg, params, _, _ = smollm2.load_shipped()
+    except FileNotFoundError as e:
+      raise CheckpointError(str(e)) from e
+    return cfg, params, a.base
   try:
     kind, cfg, params = load_model(a.ckpt, base_config=a.base_config)
   except (FileNotFoundError, ValueError) as e:
@@ -293,6 +304,10 @@ def _run(a: DecodeArgs, stdout: TextIO, stderr: TextIO, stdin: TextIO) -> int:
     return 0
   lines = read_prompt_lines(a, stdin)
   tokenizer = None
+  if a.ckpt == SHIPPED:
+    from hamburger_jax.recipes import smollm2
+    a = dataclasses.replace(a, chat=True, system=a.system or smollm2.SYSTEM_PROMPT,
+                            tokenizer=a.tokenizer or smollm2.cached_tokenizer_dir())
   if not a.token_ids:
     tok_path = a.tokenizer or (a.ckpt if os.path.isdir(a.ckpt) else os.path.dirname(a.ckpt))
     if not a.tokenizer and not os.path.isfile(os.path.join(tok_path, "tokenizer.json")):
@@ -316,7 +331,15 @@ def _run(a: DecodeArgs, stdout: TextIO, stderr: TextIO, stdin: TextIO) -> int:
   sampler.check_prompts(prompts)
   color = a.show_groups and not a.json and stdout.isatty()
   printer = Printer(tokenizer, a.show_groups, color)
-  if len(prompts) == 1 and not a.json:
+  base_result = None
+  if a.compare_base and not base_only:
+    base_sampler = Sampler(cfg, params, base=True, cache_length=cache_length,
+                           out_length=sampler.engine.out_length, eos_ids=sorted(set(eos)))
+    base_knobs = dict(knobs, max_group=None, confidence=1.0)
+    base_sampler.decode(prompts, **base_knobs)                # compile once, then time
+    base_result = base_sampler.decode(prompts, **base_knobs)
+    sampler.decode(prompts, **knobs)                          # compile before the timed run
+  if len(prompts) == 1 and not a.json and base_result is None:   # timed runs do not stream
     result = _stream_one(sampler, prompts[0], printer, knobs, a, stdout)
   else:
     result = sampler.decode(prompts, **knobs)
@@ -326,6 +349,8 @@ def _run(a: DecodeArgs, stdout: TextIO, stderr: TextIO, stdin: TextIO) -> int:
         print(printer.full(result.tokens[i], result.groups(i), result.logprobs[i]), file=stdout)
   stats = result.stats()
   stats["mode"] = "base" if base_only else "hamburger"
+  if base_result is not None:
+    stats["base"] = _comparison(result, base_result)
   if a.json:
     rows = []
     for i, prompt in enumerate(prompts):
@@ -339,14 +364,32 @@ def _run(a: DecodeArgs, stdout: TextIO, stderr: TextIO, stdin: TextIO) -> int:
     stdout.write("\n")
   else:
     print(_summary(stats), file=stderr)
+    if base_result is not None:
+      b = stats["base"]
+      if tokenizer is not None and len(prompts) == 1:
+        print(f"--- base model alone:\n{tokenizer.decode(base_result.tokens[0])}", file=stdout)
+      print(f"base model alone: {b['decode_tokens_per_s']:.1f} tokens/s; HAMburger/base speed "
+            f"{b['speed_ratio']:.2f}x; KV entries {b['kv_slots_hamburger']} vs {b['kv_slots']}; "
+            f"token agreement with the base {b['token_agreement']:.2f}", file=stderr)
   return 0
+
+
+def _comparison(result: DecodeResult, base: DecodeResult) -> dict:
+  """Stats of the base-only run beside HAMburger's (same prompts, same process)."""
+  ours, theirs = result.stats(), base.stats()
+  same = sum(int(x == y) for r, q in zip(result.tokens, base.tokens) for x, y in zip(r, q))
+  total = sum(max(len(r), len(q)) for r, q in zip(result.tokens, base.tokens))
+  return {"new_tokens": theirs["new_tokens"], "decode_tokens_per_s": theirs["decode_tokens_per_s"],
+          "speed_ratio": ours["decode_tokens_per_s"] / max(theirs["decode_tokens_per_s"], 1e-9),
+          "kv_slots": theirs["kv_slots_used"], "kv_slots_hamburger": ours["kv_slots_used"],
+          "token_agreement": same / max(total, 1)}
 
 
 # --- absl flags (used by decode.py) -------------------------------------------------------------
 
 _HELP = {
-    "ckpt": "hamburger_jax export dir, HF Llama dir (plain decoding), or original HAMburger "
-            "checkpoint file (with --base_config)",
+    "ckpt": "hamburger_jax export dir, HF Llama dir (plain decoding), original HAMburger "
+            "checkpoint file (with --base_config), or 'smollm2' (the shipped model)",
     "base_config": "HF config.json of the base model, for an original HAMburger checkpoint",
     "tokenizer": "tokenizer.json or its directory (default: beside --ckpt)",
     "prompt": "one prompt (comma-separated ids with --token_ids); also accepted as a positional "
@@ -368,6 +411,8 @@ _HELP = {
     "cache_length": "KV slots per row (0 = longest prompt + max_new_tokens, rounded up to 64)",
     "stream_steps": "macro steps per streamed chunk",
     "make_tiny_checkpoint": "write a random tiny HAMburger checkpoint to this directory and exit",
+    "compare_base": "also decode with the base model alone in the same run; print its text and "
+                    "the speed / KV-entry ratios",
 }
 
 

@@ -89,10 +89,16 @@ def load_shipped(asset_dir: str = ASSET_DIR, verify: bool = True):
                           f"(sha256 differs from the manifest): `{INSTALL_HINT}`.")
   base_cfg, base_params = load_base()
   cfg, params = load_hamburger(asset_dir, base_params=base_params)
+  tokenizer = Tokenizer.from_file(os.path.join(cached_tokenizer_dir(), "tokenizer.json"))
+  return cfg, params, tokenizer, base_cfg
+
+
+def cached_tokenizer_dir() -> str:
+  """A directory holding SmolLM2's tokenizer.json, rebuilt from the GGUF on first use."""
   tok_dir = os.path.join(os.path.expanduser("~"), ".cache", "hamburger_jax", "smollm2")
   os.makedirs(tok_dir, exist_ok=True)
-  tokenizer = Tokenizer.from_file(write_tokenizer(tok_dir))
-  return cfg, params, tokenizer, base_cfg
+  write_tokenizer(tok_dir)
+  return tok_dir
 
 
 # --- steps ----------------------------------------------------------------------------------------
