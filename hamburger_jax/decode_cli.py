@@ -302,6 +302,9 @@ def _run(a: DecodeArgs, stdout: TextIO, stderr: TextIO, stdin: TextIO) -> int:
     make_tiny_checkpoint(a.make_tiny_checkpoint, a.seed)
     print(a.make_tiny_checkpoint, file=stdout)
     return 0
+  if a.ckpt != SHIPPED and not os.path.exists(a.ckpt):
+    raise CheckpointError(f"No such checkpoint: {a.ckpt} (pass an export dir, an HF Llama dir, an "
+                          "original HAMburger checkpoint, or 'smollm2').")
   lines = read_prompt_lines(a, stdin)
   tokenizer = None
   if a.ckpt == SHIPPED:

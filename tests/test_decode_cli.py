@@ -153,3 +153,11 @@ def test_bad_input_in_a_subprocess(ckpt, args, message):
   proc = _decode_py("--ckpt", ckpt, "--token_ids", *args)
   assert proc.returncode == 2, proc.stderr
   assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_missing_checkpoint_is_named_before_the_tokenizer(tmp_path):
+  from hamburger_jax.decode_cli import DecodeArgs, run
+  import io
+  err = io.StringIO()
+  code = run(DecodeArgs(ckpt=str(tmp_path / "nope"), prompt="hi"), io.StringIO(), err)
+  assert code == 2 and "No such checkpoint" in err.getvalue()
