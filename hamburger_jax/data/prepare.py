@@ -215,6 +215,8 @@ def _parser() -> argparse.ArgumentParser:
   add("--strategy", default="decreasing_v2")
   add("--metric", default="entropy", choices=("entropy", "probability"))
   add("--max_steps", type=int, default=4)
+  add("--min_value", type=float, default=0.05, help="decreasing_v2: values below this always merge")
+  add("--ratio", type=float, default=0.3, help="decreasing(_v2): ratio to the group's max / first")
   add("--threshold_p", type=float, default=None)
   add("--threshold_vocab_size", type=int, default=None, help="N of H(p) (default: model vocab)")
   add("--data_dir", required=True)
@@ -239,7 +241,8 @@ def main(argv: Sequence[str] | None = None) -> PrepareResult:
                         overlong=a.overlong, bos_token=a.bos_token, eos_token=a.eos_token,
                         lm_prefix=a.lm_prefix)
   scfg = SegmentationConfig(strategy=a.strategy, max_steps=a.max_steps, metric=a.metric,
-                            threshold_p=a.threshold_p, vocab_size=a.threshold_vocab_size)
+                            min_value=a.min_value, ratio=a.ratio, threshold_p=a.threshold_p,
+                            vocab_size=a.threshold_vocab_size)
   cfg = PrepareConfig(source, tcfg, scfg, a.data_dir, a.name, a.version, a.overwrite,
                       a.eval_examples, a.seed, a.chunk_size, a.tokens_per_batch,
                       model_id=f"{a.model}@{a.model_path}")

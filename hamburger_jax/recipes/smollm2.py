@@ -161,12 +161,13 @@ def step_base_hf(workdir: str) -> str:
   return out
 
 
-def step_prepare(workdir: str, strategy: str, max_length: int) -> None:
+def step_prepare(workdir: str, max_length: int, segmentation: list[str]) -> None:
+  """Tokenises, entropy-segments (flags of `data.prepare`, e.g. --strategy) and writes TFDS."""
   from hamburger_jax.data import prepare
-  prepare.main([
+  prepare.main(segmentation + [
       "--inputs", os.path.join(workdir, "sft.jsonl"), "--tokenizer", write_tokenizer(workdir),
       "--model", "hamburger_jax.recipes.smollm2:load_base", "--data_dir",
-      os.path.join(workdir, "data"), "--name", "smollm2_sft", "--strategy", strategy,
+      os.path.join(workdir, "data"), "--name", "smollm2_sft",
       "--template", "chatml", "--system_prompt", SYSTEM_PROMPT, "--max_length", str(max_length),
       "--eval_examples", "32"])
 
@@ -198,7 +199,12 @@ def main(argv=None):
   parser.add_argument("--max_new_tokens", type=int, default=96)
   parser.add_argument("--max_prompt_tokens", type=int, default=128)
   parser.add_argument("--batch_size", type=int, default=64)
+  # SmolLM2-135M's distributions are flatter than the original's 1B base (mean entropy 1.43 nats
+  # on its own answers): the original thresholds (min 0.05, ratio 0.3) leave 77% of the groups
+  # single tokens, these give 1.84 tokens per group (benchmarks/segmentation_sweep.py).
   parser.add_argument("--strategy", default="decreasing_v2")
+  parser.add_argument("--min_value", type=float, default=1.0)
+  parser.add_argument("--ratio", type=float, default=0.5)
   parser.add_argument("--config", default="configs/smollm2.py")
   args = parser.parse_args(argv)
   os.makedirs(args.workdir, exist_ok=True)
@@ -209,7 +215,9 @@ def main(argv=None):
     elif step == "distill":
       step_distill(args.workdir, args.max_new_tokens, args.batch_size, args.max_prompt_tokens)
     elif step == "prepare":
-      step_prepare(args.workdir, args.strategy, args.max_prompt_tokens + args.max_new_tokens + 1)
+      step_prepare(args.workdir, args.max_prompt_tokens + args.max_new_tokens + 1,
+                   ["--strategy", args.strategy, "--min_value", str(args.min_value),
+                    "--ratio", str(args.ratio)])
     elif step == "train":
       import subprocess
       base_hf = step_base_hf(args.workdir)

@@ -211,3 +211,23 @@ def test_resume_fingerprint_follows_the_model(tmp_path, tokenizer_files, tiny_mo
   with pytest.raises(DataError, match="eval_examples"):
     prepare(_config(tmp_path, tokenizer_files["llama3"], helpers.SAMPLE_JSONL, eval_examples=24),
             tiny_model, progress=False)
+
+
+def test_cli_decreasing_v2_thresholds(tmp_path, tokenizer_files, tiny_model, helpers, monkeypatch):
+  """--min_value / --ratio reach the strategy: min_value above every entropy merges groups of 4."""
+  loader = tmp_path / "tiny_loader_for_cli_v2.py"
+  loader.write_text("MODEL = None\n\ndef load():\n  return MODEL\n")
+  monkeypatch.syspath_prepend(str(tmp_path))
+  import tiny_loader_for_cli_v2  # pylint: disable=g-import-not-at-top,import-error
+  monkeypatch.setattr(tiny_loader_for_cli_v2, "MODEL", tiny_model)
+  base = ["--inputs", helpers.SAMPLE_JSONL, "--tokenizer", tokenizer_files["chatml"],
+          "--model", "tiny_loader_for_cli_v2:load", "--max_length", "64", "--no_progress",
+          "--strategy", "decreasing_v2"]
+  strict = prepare_lib.main(base + ["--data_dir", str(tmp_path / "a"), "--name", "strict"])
+  loose = prepare_lib.main(base + ["--data_dir", str(tmp_path / "b"), "--name", "loose",
+                                   "--min_value", "1e9", "--ratio", "0.3"])
+  assert strict.stats["tokens_per_group"] == pytest.approx(1.0)   # random model: nothing merges
+  for tokens, t, steps in _read(str(tmp_path / "b"), "loose"):
+    n = len(tokens) - t
+    assert steps == [4] * (n // 4) + ([n % 4] if n % 4 else [])
+  assert loose.stats["tokens_per_group"] > 3.0

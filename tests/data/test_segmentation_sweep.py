@@ -1,0 +1,29 @@
+"""benchmarks/segmentation_sweep.py: the per-setting statistics on hand-made entropies."""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "benchmarks"))
+
+import segmentation_sweep  # noqa: E402  pylint: disable=g-import-not-at-top,import-error
+
+
+def test_sweep_rows():
+  # One response: a hard token, three easy ones, a hard one, two easy ones.
+  values = [np.array([3.0, 0.01, 0.02, 0.01, 2.0, 0.5, 0.6])]
+  rows = {r["setting"]: r for r in segmentation_sweep.sweep(values, vocab_size=49152)}
+  orig = rows["decreasing_v2 min=0.05 ratio=0.3"]
+  # decreasing_v2: [3, .01, .02, .01] | [2, .5] (.5 < .3 * 2) | [.6] (.6 >= .3 * 2) -> 4, 2, 1.
+  assert orig["tokens_per_group"] == pytest.approx(7 / 3)
+  assert orig["size_share"] == pytest.approx([1 / 3, 1 / 3, 0, 1 / 3])
+  assert orig["joined_mean_entropy"] == pytest.approx(np.mean([0.01, 0.02, 0.01, 0.5]))
+  # min_value 1.0 also merges the 0.6: [3, .01, .02, .01] | [2, .5, .6].
+  assert rows["decreasing_v2 min=1 ratio=0.3"]["tokens_per_group"] == pytest.approx(3.5)
+  # small_group at H(0.95) (~0.76 nats): 3.0 and 2.0 alone, the rest in runs of <= 4.
+  small = rows["small_group p=0.95"]
+  assert small["tokens_per_group"] == pytest.approx(7 / 4)
+  assert small["threshold"] == pytest.approx(0.7386, abs=1e-3)
