@@ -51,6 +51,7 @@ def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--workdir", default="runs/smollm2")
   p.add_argument("--steps", type=int, default=40)
+  p.add_argument("--batch_size", type=int, default=4, help="rows per step (configs/smollm2.py: 8)")
   p.add_argument("--config", default="configs/smollm2.py")
   p.add_argument("--out", default=None, help="also write the JSON here")
   a = p.parse_args(argv)
@@ -63,11 +64,15 @@ def main(argv=None):
                       f"--config.data.data_dir={os.path.join(a.workdir, 'data')}",
                       f"--config.init.checkpoint={os.path.join(a.workdir, 'base_hf')}",
                       f"--config.num_train_steps={a.steps}", f"--config.eval.every_steps={a.steps}",
-                      "--config.checkpoint.every_steps=100000", *flags], check=True)
+                      "--config.checkpoint.every_steps=100000",
+                      f"--config.data.batch_size={a.batch_size}",
+                      # ~16 held-out rows: the whole validation split (32 answers).
+                      f"--config.eval.num_batches={-(-16 // a.batch_size)}", *flags], check=True)
     results[name] = summarize(read_metrics(metrics), a.steps)
-  out = {"steps": a.steps, "arms": results}
+  out = {"steps": a.steps, "batch_size": a.batch_size, "arms": results}
   print(json.dumps(out, indent=1))
-  print(f"\nHeld-out evaluation after {a.steps} steps (same data, init and schedule):")
+  print(f"\nHeld-out evaluation after {a.steps} steps of {a.batch_size} rows "
+        "(same data, init and schedule):")
   print(markdown_table(
       ["arm", "loss", "acc s1/s2/s3/s4", "stop acc", "E[tokens/step]", "s/step"],
       [[name, f"{r['loss']:.3f}", "/".join(f"{r[f'accuracy_s{i}']:.3f}" for i in range(1, 5)),

