@@ -91,3 +91,14 @@ def test_paper_config_builds_abstractly():
   assert 1.2e9 < param_count(setup.abstract.params["base"]) < 1.3e9
   assert param_count(setup.abstract.opt_state) > 2 * param_count(setup.abstract.params)
   assert (c.optim.base_lr, c.optim.grafted_lr, c.optim.grad_accum_steps) == (5e-5, 1e-4, 2)
+
+
+@pytest.mark.parametrize("name", ["default", "tiny", "base_lm_tiny", "llama3_1b", "smollm2"])
+def test_every_shipped_config_validates(name):
+  import importlib
+  c = importlib.import_module(f"configs.{name}").get_config()
+  train_lib.validate_config(c)
+  cfg = train_lib.model_config(c)
+  if name == "smollm2":   # the embedded default: frozen base, 2 micro layers on SmolLM2's shape
+    assert c.freeze_base and cfg.num_micro_layers == 2 and cfg.feature_layers == (7, 14, 21)
+    assert (cfg.base.num_layers, cfg.base.hidden_size, cfg.base.vocab_size) == (30, 576, 49152)
