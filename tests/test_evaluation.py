@@ -42,3 +42,19 @@ def test_measure_on_tiny_random_model():
   assert 1.0 <= rows[0.5]["tokens_per_step"] <= cfg.max_steps
   np.testing.assert_allclose(rows[0.5]["kv_per_token"] * rows[0.5]["tokens_per_step"], 1.0)
   assert "| hamburger | 0.500 |" in evaluation.format_table(result)
+
+
+def test_measure_batch_size_changes_speed_not_quality():
+  """One prompt per call or all together: the same tokens and quality figures, per-row macro steps."""
+  cfg = get_preset("tiny")
+  params = init_params(cfg, jax.random.PRNGKey(1))
+  prompts = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16]]
+  kw = dict(cache_length=32, out_length=10)
+  ham, base = Sampler(cfg, params, **kw), Sampler(cfg, params, base=True, **kw)
+  scorer = evaluation.BaseScorer(cfg.base, params["base"])
+  runs = {b: evaluation.measure(ham, base, scorer, prompts, [0.5], max_new_tokens=10,
+                                batch_size=b) for b in (1, None)}
+  assert runs[1]["batch_size"] == 1 and runs[None]["batch_size"] == 3
+  for key in ("tokens", "tokens_per_step", "kv_per_token", "token_agreement", "base_nll"):
+    np.testing.assert_allclose([r[key] for r in runs[1]["rows"]],
+                               [r[key] for r in runs[None]["rows"]], rtol=1e-6)
