@@ -51,6 +51,8 @@ def main(argv=None):
   parser.add_argument("--batch_size", type=int, default=1,
                       help="prompts per decode call; 1 = single-request latency (0 = all at once)")
   args = parser.parse_args(argv)
+  if args.batch_size < 0:
+    parser.error(f"--batch_size must be >= 0 (0 = all prompts at once), got {args.batch_size}.")
 
   t0 = time.time()
   cfg, params, tok, base_cfg = smollm2.load_shipped(args.asset_dir)

@@ -13,7 +13,6 @@ speed-up), the share of each group size, and the mean entropy of tokens that joi
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
@@ -26,6 +25,7 @@ import numpy as np  # noqa: E402
 from report import markdown_table, write_json  # noqa: E402
 
 from hamburger_jax.data import builder  # noqa: E402
+from hamburger_jax.data.prepare import load_model  # noqa: E402
 from hamburger_jax.data.segmentation import Scorer  # noqa: E402
 from hamburger_jax.data.strategies import SegmentationConfig, group_sizes  # noqa: E402
 
@@ -76,15 +76,18 @@ def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--data_dir", required=True)
   p.add_argument("--name", required=True)
-  p.add_argument("--model", required=True, help="MODULE:FUNCTION returning (LlamaConfig, params)")
+  p.add_argument("--model", required=True, help="MODULE:FUNCTION returning (LlamaConfig, params), "
+                 "or random:PRESET")
   p.add_argument("--num_examples", type=int, default=256)
   p.add_argument("--out", default=None, help="also write the JSON here")
   a = p.parse_args(argv)
+  if a.num_examples < 1:
+    p.error(f"--num_examples must be >= 1, got {a.num_examples}.")
   src = builder.data_source(a.data_dir, a.name)
   n = min(a.num_examples, len(src))
   records = [src[i] for i in range(n)]
-  mod, _, fn = a.model.partition(":")
-  cfg, params = getattr(importlib.import_module(mod), fn)()
+  vocab = int(max(np.max(r["tokens"]) for r in records)) + 1
+  cfg, params = load_model(a.model, None, vocab)
   t0 = time.time()
   seqs = [np.asarray(r["tokens"], np.int32) for r in records]
   scored = Scorer(cfg, params, max_length=max(len(s) for s in seqs)).score(seqs)

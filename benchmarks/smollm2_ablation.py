@@ -55,6 +55,8 @@ def main(argv=None):
   p.add_argument("--config", default="configs/smollm2.py")
   p.add_argument("--out", default=None, help="also write the JSON here")
   a = p.parse_args(argv)
+  if a.steps < 1 or a.batch_size < 1:
+    p.error(f"--steps and --batch_size must be >= 1, got {a.steps} and {a.batch_size}.")
   results = {}
   for name, flags in ARMS.items():
     run_dir = os.path.join(a.workdir, "ablation", name.replace(", ", "_").replace(" ", "_"))

@@ -83,6 +83,8 @@ def measure(hamburger: Sampler, base: Sampler, scorer: BaseScorer, prompts: Sequ
   until its slowest row ends and each macro step runs as many micro steps as its longest group,
   so batch 1 measures single-request latency (the paper's setting). Quality does not depend on it.
   """
+  if batch_size is not None and batch_size < 1:
+    raise ValueError(f"batch_size must be >= 1 or None (all prompts at once), got {batch_size}.")
   size = batch_size or len(prompts)
   chunks = [list(prompts[i:i + size]) for i in range(0, len(prompts), size)]
 

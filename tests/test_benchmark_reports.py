@@ -30,3 +30,22 @@ def test_ablation_summary_reads_the_last_eval_and_step_time():
 def test_markdown_table():
   assert report.markdown_table(["a", "b"], [[1, "x"], [2.5, "y"]]).splitlines() == [
       "| a | b |", "|---|---|", "| 1 | x |", "| 2.5 | y |"]
+
+
+def test_ablation_rejects_bad_counts(capsys):
+  with pytest.raises(SystemExit):
+    smollm2_ablation.main(["--steps", "0"])
+  assert "--steps and --batch_size must be >= 1" in capsys.readouterr().err
+
+
+def test_measure_rejects_a_bad_batch_size():
+  from hamburger_jax import evaluation  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ValueError, match="batch_size must be >= 1"):
+    evaluation.measure(None, None, None, [[1, 2]], [0.5], max_new_tokens=4, batch_size=0)
+
+
+def test_quality_rejects_a_negative_batch_size(capsys):
+  import quality  # noqa: E402  pylint: disable=g-import-not-at-top,import-error
+  with pytest.raises(SystemExit):
+    quality.main(["--batch_size", "-1"])
+  assert "--batch_size must be >= 0" in capsys.readouterr().err

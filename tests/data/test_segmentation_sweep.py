@@ -27,3 +27,26 @@ def test_sweep_rows():
   small = rows["small_group p=0.95"]
   assert small["tokens_per_group"] == pytest.approx(7 / 4)
   assert small["threshold"] == pytest.approx(0.7386, abs=1e-3)
+
+
+def test_sweep_command_on_a_prepared_dataset(tmp_path, tokenizer_files, helpers, capsys):
+  from hamburger_jax.data import prepare  # pylint: disable=g-import-not-at-top
+  prepare.main(["--inputs", helpers.SAMPLE_JSONL, "--tokenizer", tokenizer_files["chatml"],
+                "--model", "random:tiny", "--data_dir", str(tmp_path), "--name", "sweep",
+                "--max_length", "64", "--no_progress"])
+  out = segmentation_sweep.main(["--data_dir", str(tmp_path), "--name", "sweep", "--model",
+                                 "random:tiny", "--num_examples", "5",
+                                 "--out", str(tmp_path / "sweep.json")])
+  assert out["examples"] == 5 and len(out["rows"]) == len(segmentation_sweep.SWEEP)
+  for row in out["rows"]:
+    assert 1.0 <= row["tokens_per_group"] <= 4.0 and sum(row["size_share"]) == pytest.approx(1.0)
+  assert "| sliding p=0.7 |" in capsys.readouterr().out and (tmp_path / "sweep.json").exists()
+
+
+def test_sweep_bad_input(tmp_path):
+  with pytest.raises(SystemExit):
+    segmentation_sweep.main(["--data_dir", str(tmp_path), "--name", "x", "--model", "random:tiny",
+                             "--num_examples", "0"])
+  with pytest.raises(FileNotFoundError, match="hamburger_jax.data.prepare"):
+    segmentation_sweep.main(["--data_dir", str(tmp_path), "--name", "missing", "--model",
+                             "random:tiny"])
