@@ -1,4 +1,4 @@
-"""Decode with a HAMburger (or plain Llama) checkpoint. Logic: hamburger_jax/decode_cli.py.
+"""Decode with a HAMburger (or plain Llama) checkpoint. Logic: hamburger_jax/decode/cli.py.
 
     python decode.py --make_tiny_checkpoint /tmp/tiny_ckpt
     python decode.py --ckpt /tmp/tiny_ckpt --token_ids 1,5,7 --json
@@ -11,7 +11,7 @@ import sys
 
 from absl import app, flags, logging
 
-from hamburger_jax import decode_cli
+from hamburger_jax.decode import cli as decode_cli
 
 decode_cli.define_flags(flags)
 FLAGS = flags.FLAGS

@@ -1,10 +1,10 @@
-r"""Trains HAMburger (or a plain base LM) from a config file; logic lives in `hamburger_jax.train_lib`.
+r"""Trains HAMburger (or a plain base LM) from a config file; logic lives in `hamburger_jax.train`.
 
     python train.py --config configs/tiny.py --workdir /tmp/hamburger_tiny
     python train.py --config configs/tiny.py --workdir /tmp/hamburger_tiny --config.num_train_steps=200
 
 Re-running with the same --workdir resumes from its latest checkpoint. Colab:
-`train_lib.train_and_evaluate(tiny.get_config(), "/tmp/hamburger_tiny")`.
+`train_and_evaluate(tiny.get_config(), "/tmp/hamburger_tiny")`.
 """
 
 import logging as py_logging
@@ -12,7 +12,7 @@ import logging as py_logging
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from hamburger_jax import train_lib
+from hamburger_jax.train.loop import train_and_evaluate
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and the final export.")
@@ -33,7 +33,7 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   logging.get_absl_handler().addFilter(_QuietLibraries())
   logging.info("Config:\n%s", FLAGS.config)
-  train_lib.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+  train_and_evaluate(FLAGS.config, FLAGS.workdir)
 
 
 if __name__ == "__main__":

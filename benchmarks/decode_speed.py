@@ -14,7 +14,7 @@ HAMburger that ratio also holds the micro-decoder steps.
 
 Random weights (no --ckpt) say nothing about quality or about a trained model's group lengths.
 Their stop decisions are made realistic this way: every matrix is drawn with std 0.08
-(hamburger_jax.decode_cli.random_params), then the stop head's last layer (kernel scale and bias)
+(hamburger_jax.testing.fixtures.random_params), then the stop head's last layer (kernel scale and bias)
 is set so that the stop logits seen while decoding the benchmark's own prompts (all rows of the
 largest batch) have mean --stop_mean and std --stop_std (two passes: decoding with full groups,
 then at confidence 0.8). Continue-probabilities then spread over (0, 1) and groups get 1..4
@@ -39,11 +39,11 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from hamburger_jax.config import BASE_PRESETS, HamburgerConfig, get_preset  # noqa: E402
+from hamburger_jax.model.config import BASE_PRESETS, HamburgerConfig, get_preset  # noqa: E402
 from hamburger_jax.convert import load_model  # noqa: E402
-from hamburger_jax.decode_cli import random_params, rescale_stop_head  # noqa: E402
-from hamburger_jax.model import param_count  # noqa: E402
-from hamburger_jax.sampler import Sampler  # noqa: E402
+from hamburger_jax.testing.fixtures import random_params, rescale_stop_head  # noqa: E402
+from hamburger_jax.model.hamburger import param_count  # noqa: E402
+from hamburger_jax.decode.sampler import Sampler  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("preset", "tiny", "model size for random weights: a config preset or 'small'")

@@ -16,11 +16,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from hamburger_jax.config import HamburgerConfig  # noqa: E402
-from hamburger_jax.decode_cli import rescale_stop_head  # noqa: E402
-from hamburger_jax.model import init_params  # noqa: E402
+from hamburger_jax.model.config import HamburgerConfig  # noqa: E402
+from hamburger_jax.testing.fixtures import rescale_stop_head  # noqa: E402
+from hamburger_jax.model.hamburger import init_params  # noqa: E402
 from hamburger_jax.recipes.smollm2 import load_base  # noqa: E402
-from hamburger_jax.sampler import Sampler  # noqa: E402
+from hamburger_jax.decode.sampler import Sampler  # noqa: E402
 
 
 def tokens_per_s(sampler, prompt, n):

@@ -19,11 +19,11 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from hamburger_jax import evaluation  # noqa: E402
-from hamburger_jax.gguf_tokenizer import apply_chatml  # noqa: E402
+from hamburger_jax.decode import evaluation  # noqa: E402
+from hamburger_jax.text.gguf_tokenizer import apply_chatml  # noqa: E402
 from hamburger_jax.recipes import smollm2  # noqa: E402
 from hamburger_jax.recipes.stdlib_prompts import stdlib_prompts  # noqa: E402
-from hamburger_jax.sampler import Sampler  # noqa: E402
+from hamburger_jax.decode.sampler import Sampler  # noqa: E402
 
 
 def heldout_prompts(n: int):

@@ -5,7 +5,7 @@ r"""HAMburger train step vs base-LM train step on the same tokens and base model
 
 One set of synthetic examples (prompt, response, group sizes) is packed twice: merged groups for
 HAMburger (fewer macro positions, so fewer rows) and size-1 groups for the base LM. Both steps are
-the real jitted train steps of `train_lib` (donated state, same optimizer). Prints a table and one
+the real jitted train steps of `hamburger_jax.train.setup.Setup` (donated state, same optimizer). Prints a table and one
 JSON line: step times, response tokens per second, and the ratios.
 """
 
@@ -21,8 +21,14 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from hamburger_jax import sharding, train_data, train_lib  # noqa: E402
-from hamburger_jax.batch import example_to_macro, first_fit, pack_rows  # noqa: E402
+from hamburger_jax.train import sharding  # noqa: E402
+
+from hamburger_jax.train import batches  # noqa: E402
+
+from hamburger_jax.train.run_config import model_config  # noqa: E402
+
+from hamburger_jax.train.setup import Setup  # noqa: E402
+from hamburger_jax.model.batch import example_to_macro, first_fit, pack_rows  # noqa: E402
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", "configs/tiny.py", "Experiment config file.",
@@ -32,7 +38,7 @@ flags.DEFINE_integer("steps", 20, "Timed steps per mode (after 2 warm-up steps).
 
 def make_examples(config, cfg, rows: int):
   """Synthetic examples that fill `rows` rows of the base-LM batch."""
-  gen = train_data.SyntheticIterator(cfg, config.data.seq_len, rows, config.data.prompt_len,
+  gen = batches.SyntheticIterator(cfg, config.data.seq_len, rows, config.data.prompt_len,
                                      config.data.response_len, config.seed, "train", False,
                                      slice(None))
   rng, examples = np.random.default_rng(config.seed), []
@@ -56,9 +62,9 @@ def pack(examples, seq_len: int, max_steps: int, merged: bool, multiple: int):
 def time_steps(config, cfg, mesh, batch, steps: int) -> dict:
   """Compiles and times the train step of `config.mode` on one fixed batch."""
   config.data.batch_size = batch["segment_ids"].shape[0]
-  setup = train_lib.Setup(config, cfg, mesh)
+  setup = Setup(config, cfg, mesh)
   state = setup.init_state()
-  device_batch = train_data.to_device(batch, setup.data_sharding)
+  device_batch = batches.to_device(batch, setup.data_sharding)
   t0 = time.perf_counter()
   for _ in range(2):
     state, metrics = setup.train_step(state, device_batch)
@@ -81,14 +87,14 @@ def main(argv):
   config = FLAGS.config
   config.optim.grad_accum_steps = 1
   mesh = sharding.make_mesh(config.mesh)
-  cfg = train_lib.model_config(config)
+  cfg = model_config(config)
   multiple = sharding.batch_shards(mesh)
   examples = make_examples(config, cfg, config.data.batch_size)
   results = {}
   for mode in ("hamburger", "base_lm"):
     c = config.copy_and_resolve_references()
     c.mode = mode
-    mode_cfg = train_lib.model_config(c)
+    mode_cfg = model_config(c)
     batch = pack(examples, c.data.seq_len, cfg.max_steps, mode == "hamburger", multiple)
     results[mode] = time_steps(c, mode_cfg, mesh, batch, FLAGS.steps)
   h, b = results["hamburger"], results["base_lm"]

@@ -11,16 +11,16 @@ Public API:
   save_hamburger, load_hamburger, export_hf_llama
 """
 
-from hamburger_jax.batch import make_batch
-from hamburger_jax.config import HamburgerConfig, LlamaConfig, get_preset
+from hamburger_jax.model.batch import make_batch
+from hamburger_jax.model.config import HamburgerConfig, LlamaConfig, get_preset
 from hamburger_jax.convert import (CheckpointError, export_hf_llama, load_hamburger, load_hf_llama,
                                    load_model, load_original, save_hamburger)
-from hamburger_jax.llama import LlamaModel
-from hamburger_jax.losses import hamburger_loss
-from hamburger_jax.decode_state import DecodeResult
-from hamburger_jax.model import HamburgerModel, init_params
-from hamburger_jax.sampler import Sampler
-from hamburger_jax.sampling import SamplingParams
+from hamburger_jax.model.llama import LlamaModel
+from hamburger_jax.train.losses import hamburger_loss
+from hamburger_jax.decode.state import DecodeResult
+from hamburger_jax.model.hamburger import HamburgerModel, init_params
+from hamburger_jax.decode.sampler import Sampler
+from hamburger_jax.decode.sampling import SamplingParams
 
 __all__ = [
     "CheckpointError", "DecodeResult", "HamburgerConfig", "HamburgerModel", "LlamaConfig", "LlamaModel",

@@ -9,7 +9,7 @@ import pytest
 
 from hamburger_jax.convert import export_hf_llama, load_hf_llama
 from hamburger_jax.convert.safetensors_io import read_safetensors, write_safetensors
-from hamburger_jax.llama import LlamaModel
+from hamburger_jax.model.llama import LlamaModel
 from hf_utils import hf_logits, tiny_hf_llama
 
 torch = pytest.importorskip("torch")

@@ -39,7 +39,7 @@ def test_ablation_rejects_bad_counts(capsys):
 
 
 def test_measure_rejects_a_bad_batch_size():
-  from hamburger_jax import evaluation  # pylint: disable=g-import-not-at-top
+  from hamburger_jax.decode import evaluation  # pylint: disable=g-import-not-at-top
   with pytest.raises(ValueError, match="batch_size must be >= 1"):
     evaluation.measure(None, None, None, [[1, 2]], [0.5], max_new_tokens=4, batch_size=0)
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fixture_paths import OFFICIAL_TINY
-from hamburger_jax.config import get_preset
+from hamburger_jax.model.config import get_preset
 from hamburger_jax.convert import (CheckpointError, load_hamburger, load_hf_llama, load_model,
                                    load_original, save_hamburger)
 from hamburger_jax.convert.safetensors_io import read_safetensors, write_safetensors

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hamburger_jax import checkpoints
+from hamburger_jax.train import checkpoints
 
 
 def _state(x):

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from fixture_paths import OFFICIAL_TINY
-from hamburger_jax.batch import example_to_macro, make_batch
-from hamburger_jax.config import HamburgerConfig, LlamaConfig, get_preset
+from hamburger_jax.model.batch import example_to_macro, make_batch
+from hamburger_jax.model.config import HamburgerConfig, LlamaConfig, get_preset
 
 
 def test_presets_are_hashable_and_match_fixture_config():

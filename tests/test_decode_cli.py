@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from hamburger_jax.convert import load_model
-from hamburger_jax.decode_cli import DecodeArgs, run
-from hamburger_jax.sampler import Sampler
+from hamburger_jax.decode.cli import DecodeArgs, run
+from hamburger_jax.decode.sampler import Sampler
 from test_tokenizer import CHATML, write_word_tokenizer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -156,7 +156,7 @@ def test_bad_input_in_a_subprocess(ckpt, args, message):
 
 
 def test_missing_checkpoint_is_named_before_the_tokenizer(tmp_path):
-  from hamburger_jax.decode_cli import DecodeArgs, run
+  from hamburger_jax.decode.cli import DecodeArgs, run
   import io
   err = io.StringIO()
   code = run(DecodeArgs(ckpt=str(tmp_path / "nope"), prompt="hi"), io.StringIO(), err)

@@ -7,11 +7,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hamburger_jax import decode_state as ds
-from hamburger_jax.batch import make_batch
-from hamburger_jax.decode_cli import random_params, tiny_config
-from hamburger_jax.model import HamburgerModel
-from hamburger_jax.sampler import Sampler, continue_probability
+from hamburger_jax.decode import state as ds
+from hamburger_jax.model.batch import make_batch
+from hamburger_jax.testing.fixtures import random_params, tiny_config
+from hamburger_jax.model.hamburger import HamburgerModel
+from hamburger_jax.decode.sampler import Sampler, continue_probability
 
 # One engine shared by most decode tests (one compile per batch bucket for the whole session).
 CACHE_LENGTH = 32

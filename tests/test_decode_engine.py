@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from hamburger_jax import sampler as sampler_lib
-from hamburger_jax.sampler import DecodeInputError
+from hamburger_jax.decode import sampler as sampler_lib
+from hamburger_jax.decode.sampler import DecodeInputError
 from test_decode_common import (CACHE_LENGTH, check_against_teacher_forcing, small_model,
                                 small_sampler)
 

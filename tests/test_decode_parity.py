@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from fixture_paths import OFFICIAL_TINY
-from hamburger_jax.config import HamburgerConfig
+from hamburger_jax.model.config import HamburgerConfig
 from hamburger_jax.convert import load_hf_llama, load_model
-from hamburger_jax.model import init_params
-from hamburger_jax.sampler import Sampler
+from hamburger_jax.model.hamburger import init_params
+from hamburger_jax.decode.sampler import Sampler
 from test_decode_common import check_against_teacher_forcing
 
 torch = pytest.importorskip("torch")

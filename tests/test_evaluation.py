@@ -3,10 +3,10 @@
 import jax
 import numpy as np
 
-from hamburger_jax import evaluation
-from hamburger_jax.config import get_preset
-from hamburger_jax.model import init_params
-from hamburger_jax.sampler import Sampler
+from hamburger_jax.decode import evaluation
+from hamburger_jax.model.config import get_preset
+from hamburger_jax.model.hamburger import init_params
+from hamburger_jax.decode.sampler import Sampler
 
 
 def test_code_parses():

@@ -16,11 +16,11 @@ import pytest
 
 gguf = pytest.importorskip("gguf", reason="the `gguf` package (pip install gguf) reads GGUF files")
 
-from hamburger_jax.config import BASE_PRESETS, LlamaConfig, RopeScaling  # noqa: E402
+from hamburger_jax.model.config import BASE_PRESETS, LlamaConfig, RopeScaling  # noqa: E402
 from hamburger_jax.convert.errors import CheckpointError  # noqa: E402
 from hamburger_jax.convert.gguf import load_gguf_llama  # noqa: E402
 from hamburger_jax.convert.tree_map import export_from_tree, llama_map  # noqa: E402
-from hamburger_jax.llama import LlamaModel, init_llama_params  # noqa: E402
+from hamburger_jax.model.llama import LlamaModel, init_llama_params  # noqa: E402
 
 Q = gguf.GGMLQuantizationType
 
@@ -251,7 +251,7 @@ def test_not_llama_and_missing_tensor(tmp_path):
 
 
 def test_tokenizer_errors(tiny_gguf, tmp_path):
-  from hamburger_jax.gguf_tokenizer import load_gguf_tokenizer
+  from hamburger_jax.text.gguf_tokenizer import load_gguf_tokenizer
   with pytest.raises(CheckpointError, match="No such GGUF file"):
     load_gguf_tokenizer(tmp_path / "nope.gguf")
   params, hf = tiny_model(TINY)
@@ -276,7 +276,7 @@ def smollm2_reader():
 
 @pytest.fixture(scope="module")
 def smollm2_tokenizer():
-  from hamburger_jax.gguf_tokenizer import load_gguf_tokenizer
+  from hamburger_jax.text.gguf_tokenizer import load_gguf_tokenizer
   return load_gguf_tokenizer(SMOLLM2)
 
 
@@ -361,7 +361,7 @@ def test_smollm2_config_matches_preset(smollm2):
 
 @requires_smollm2
 def test_smollm2_logits_match_numpy_reference(smollm2, smollm2_tokenizer, smollm2_reader):
-  from hamburger_jax.gguf_tokenizer import apply_chatml
+  from hamburger_jax.text.gguf_tokenizer import apply_chatml
   cfg, params = smollm2
   tok, _ = smollm2_tokenizer
   tokens = tok.encode(apply_chatml("Name three primary colors.")).ids
@@ -402,7 +402,7 @@ def greedy(cfg, params, prompt_ids, eos_ids, max_new=20, length=64):
 
 @requires_smollm2
 def test_smollm2_greedy_answer_mentions_paris(smollm2, smollm2_tokenizer):
-  from hamburger_jax.gguf_tokenizer import apply_chatml
+  from hamburger_jax.text.gguf_tokenizer import apply_chatml
   cfg, params = smollm2
   tok, info = smollm2_tokenizer
   prompt = tok.encode(apply_chatml("What is the capital of France?")).ids
@@ -492,7 +492,7 @@ def test_smollm2_tokenizer_vocab_specials_and_template(smollm2_tokenizer, smollm
                                                        tmp_path):
   from tokenizers import Tokenizer
 
-  from hamburger_jax.gguf_tokenizer import (SMOLLM2_SYSTEM_PROMPT, apply_chatml,
+  from hamburger_jax.text.gguf_tokenizer import (SMOLLM2_SYSTEM_PROMPT, apply_chatml,
                                             render_chat_template, save_tokenizer)
   tok, info = smollm2_tokenizer
   tokens = smollm2_reader.fields["tokenizer.ggml.tokens"].contents()

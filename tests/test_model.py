@@ -7,10 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hamburger_jax.attention import init_cache
-from hamburger_jax.batch import make_batch
-from hamburger_jax.config import get_preset
-from hamburger_jax.model import HamburgerModel, init_params, param_count
+from hamburger_jax.model.attention import init_cache
+from hamburger_jax.model.batch import make_batch
+from hamburger_jax.model.config import get_preset
+from hamburger_jax.model.hamburger import HamburgerModel, init_params, param_count
 
 CFG = get_preset("tiny")
 PARAMS = init_params(CFG, jax.random.PRNGKey(0))
@@ -147,7 +147,7 @@ def test_params_carry_logical_axes():
 
 
 def test_gathered_targets_give_the_same_loss():
-  from hamburger_jax.losses import hamburger_loss
+  from hamburger_jax.train.losses import hamburger_loss
   examples = _examples(np.random.RandomState(6), 4)
   batch = jax.tree_util.tree_map(jnp.asarray, make_batch(examples, S, seq_len=40))
   most = int((batch["target_lengths"] > 0).sum(1).max())

@@ -7,7 +7,7 @@ import optax
 import pytest
 
 from configs import default
-from hamburger_jax import optim
+from hamburger_jax.train import optim
 
 
 def _params():

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from fixture_paths import OFFICIAL_TINY
-from hamburger_jax.batch import make_batch
+from hamburger_jax.model.batch import make_batch
 from hamburger_jax.convert import load_original
-from hamburger_jax.losses import hamburger_loss
-from hamburger_jax.model import HamburgerModel
+from hamburger_jax.train.losses import hamburger_loss
+from hamburger_jax.model.hamburger import HamburgerModel
 
 GOLDEN = np.load(os.path.join(OFFICIAL_TINY, "golden_forward.npz"))
 CONFIG = os.path.join(OFFICIAL_TINY, "config.json")

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hamburger_jax.sampling import SamplingParams, filter_logits, sample_tokens, token_log_probs
+from hamburger_jax.decode.sampling import SamplingParams, filter_logits, sample_tokens, token_log_probs
 
 LOGITS = jnp.log(jnp.array([[0.5, 0.2, 0.15, 0.1, 0.05],
                             [0.05, 0.1, 0.15, 0.2, 0.5]], jnp.float32))

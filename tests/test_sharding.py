@@ -11,7 +11,10 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from configs import tiny
-from hamburger_jax import sharding, train_lib
+from hamburger_jax.train import sharding
+from hamburger_jax.train.loop import train_and_evaluate
+from hamburger_jax.train.run_config import model_config
+from hamburger_jax.train.setup import Setup
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -30,7 +33,7 @@ def test_mesh_shape_fills_and_rejects():
 def test_logical_shardings_and_opt_state():
   c = tiny.get_config()
   mesh = sharding.make_mesh(c.mesh)
-  setup = train_lib.Setup(c, train_lib.model_config(c), mesh)
+  setup = Setup(c, model_config(c), mesh)
   specs = sharding.describe(setup.shardings.params)
   assert specs["base/embed_tokens/embedding"] == str(P("tensor", "fsdp"))
   assert specs["base/layers_0/mlp/down_proj/kernel"] == str(P("tensor", "fsdp"))
@@ -55,10 +58,13 @@ _SCRIPT = r"""
 import json, sys
 import jax
 from configs import tiny
-from hamburger_jax import sharding, train_lib
+from hamburger_jax.train import sharding
+from hamburger_jax.train.loop import train_and_evaluate
+from hamburger_jax.train.run_config import model_config
+from hamburger_jax.train.setup import Setup
 c = tiny.get_config()
 c.update_from_flattened_dict(json.loads(sys.argv[2]))
-state = train_lib.train_and_evaluate(c, sys.argv[1])
+state = train_and_evaluate(c, sys.argv[1])
 params = jax.tree.map(lambda x: x.sharding, state.params)
 emb = state.params["base"]["embed_tokens"]["embedding"]
 print("RESULT " + json.dumps({

@@ -6,7 +6,7 @@ import pytest
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, processors
 
-from hamburger_jax.tokenizer import TextStream, Tokenizer, TokenizerError
+from hamburger_jax.text.tokenizer import TextStream, Tokenizer, TokenizerError
 
 WORDS = ["<unk>", "hello", "world", "user", "assistant", "system", "be", "brief", "the", "a",
          "cat", "sat", "on", "mat", "."]

@@ -8,7 +8,9 @@ import jax
 import pytest
 
 from configs import tiny
-from hamburger_jax import train_lib
+from hamburger_jax.train.loop import train_and_evaluate
+from hamburger_jax.train.run_config import model_config, validate_config
+from hamburger_jax.train.setup import Setup
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -45,7 +47,7 @@ def compiles():
 ])
 def test_bad_config_fails_before_compiling(tmp_path, compiles, overrides, message):
   with pytest.raises(ValueError, match=message):
-    train_lib.train_and_evaluate(_config(**overrides), str(tmp_path / "w"))
+    train_and_evaluate(_config(**overrides), str(tmp_path / "w"))
   assert compiles == []
   assert not os.path.exists(tmp_path / "w" / "checkpoints")
   jax.jit(lambda x: x + 1)(1.0)          # the listener does see compilations
@@ -74,18 +76,18 @@ def test_nan_loss_stops_with_the_step_and_keeps_the_good_checkpoint(tmp_path):
                  "eval.every_steps": 0, "checkpoint.export": False})
   with pytest.raises(FloatingPointError, match=r"at step 2: training stopped. The last good "
                                                r"checkpoint is step 1"):
-    train_lib.train_and_evaluate(c, str(tmp_path))
+    train_and_evaluate(c, str(tmp_path))
   assert sorted(os.listdir(tmp_path / "checkpoints")) == ["1"]
 
 
 def test_paper_config_builds_abstractly():
   """configs/llama3_1b.py: shapes, shardings and the optimizer state via eval_shape (no memory)."""
   from configs import llama3_1b
-  from hamburger_jax import sharding
-  from hamburger_jax.model import param_count
+  from hamburger_jax.train import sharding
+  from hamburger_jax.model.hamburger import param_count
   c = llama3_1b.get_config()
-  train_lib.validate_config(c)
-  setup = train_lib.Setup(c, train_lib.model_config(c), sharding.make_mesh(c.mesh))
+  validate_config(c)
+  setup = Setup(c, model_config(c), sharding.make_mesh(c.mesh))
   assert setup.cfg.base.num_layers == 16 and setup.cfg.base.dtype == "bfloat16"
   assert setup.abstract.params["base"]["embed_tokens"]["embedding"].dtype == jax.numpy.float32
   assert 1.2e9 < param_count(setup.abstract.params["base"]) < 1.3e9
@@ -97,8 +99,8 @@ def test_paper_config_builds_abstractly():
 def test_every_shipped_config_validates(name):
   import importlib
   c = importlib.import_module(f"configs.{name}").get_config()
-  train_lib.validate_config(c)
-  cfg = train_lib.model_config(c)
+  validate_config(c)
+  cfg = model_config(c)
   if name == "smollm2":   # the embedded default: frozen base, 2 micro layers on SmolLM2's shape
     assert c.freeze_base and cfg.num_micro_layers == 2 and cfg.feature_layers == (7, 14, 21)
     assert (cfg.base.num_layers, cfg.base.hidden_size, cfg.base.vocab_size) == (30, 576, 49152)

@@ -5,11 +5,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from configs import tiny
-from hamburger_jax import train_lib
-from hamburger_jax.batch import make_batch
-from hamburger_jax.llama import LlamaModel
-from hamburger_jax.metrics_writer import read_jsonl
-from hamburger_jax.model import HamburgerModel, init_params
+from hamburger_jax.train.loop import train_and_evaluate
+from hamburger_jax.train.losses import plain_view, teacher_logits
+from hamburger_jax.train.run_config import model_config
+from hamburger_jax.train.setup import Setup
+from hamburger_jax.model.batch import make_batch
+from hamburger_jax.model.llama import LlamaModel
+from hamburger_jax.train.metrics_writer import read_jsonl
+from hamburger_jax.model.hamburger import HamburgerModel, init_params
 
 EXAMPLES = [  # (prompt, response, steps); packed two per row
     ([1, 5, 6], [7, 8, 9, 10, 11], [2, 1, 2]),
@@ -36,7 +39,7 @@ def _segments(batch):
 
 def test_plain_view_rebuilds_each_example():
   batch = _batch()
-  plain, slot, valid = jax.tree.map(np.asarray, train_lib.plain_view(
+  plain, slot, valid = jax.tree.map(np.asarray, plain_view(
       jax.tree.map(jnp.asarray, batch), plain_len=48))
   offsets = {}
   for r, m0, (prompt, response, steps) in _segments(batch):
@@ -55,17 +58,17 @@ def test_plain_view_rebuilds_each_example():
 
 def test_plain_view_masks_what_does_not_fit():
   batch = jax.tree.map(jnp.asarray, _batch())
-  _, slot, valid = train_lib.plain_view(batch, plain_len=6)
+  _, slot, valid = plain_view(batch, plain_len=6)
   assert 0 < int(valid.sum()) < sum(len(e[1]) for e in EXAMPLES)
   assert bool(jnp.all(jnp.where(valid, slot < 6, True)))   # inputs up to the slot fit
 
 
 def test_teacher_logits_match_the_base_model_on_plain_sequences():
   c = tiny.get_config()
-  cfg = train_lib.model_config(c)
+  cfg = model_config(c)
   params = init_params(cfg, jax.random.PRNGKey(0))
   batch = jax.tree.map(jnp.asarray, _batch())
-  logits, valid = jax.jit(train_lib.teacher_logits, static_argnums=(0, 3))(
+  logits, valid = jax.jit(teacher_logits, static_argnums=(0, 3))(
       cfg.base, params["base"], batch, 48)
   student = jax.jit(HamburgerModel(cfg).apply)({"params": params}, batch)
   plain = np.zeros((len(EXAMPLES), 16), np.int32)       # each example alone, end-padded
@@ -91,11 +94,11 @@ def test_training_with_distillation_keeps_the_teacher_frozen(tmp_path):
                                 "logging.every_steps": 1, "eval.every_steps": 3,
                                 "checkpoint.every_steps": 3, "checkpoint.export": False,
                                 "logging.progress_bar": False, "logging.tensorboard": False})
-  state = train_lib.train_and_evaluate(c, str(tmp_path))
+  state = train_and_evaluate(c, str(tmp_path))
   rows = [r for r in read_jsonl(str(tmp_path)) if "train/kl" in r]
   assert len(rows) == 3 and all(np.isfinite(r["train/kl"]) and r["train/kl"] > 0 for r in rows)
   assert any("eval/kl" in r for r in read_jsonl(str(tmp_path)))
-  setup = train_lib.Setup(c, train_lib.model_config(c),
+  setup = Setup(c, model_config(c),
                           state.params["base"]["norm"]["scale"].sharding.mesh)
   start = setup.init_state()
   for t, s0, p in zip(jax.tree.leaves(state.teacher), jax.tree.leaves(start.params["base"]),

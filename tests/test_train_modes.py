@@ -4,9 +4,11 @@ import jax
 import numpy as np
 
 from configs import base_lm_tiny, tiny
-from hamburger_jax import train_lib
+from hamburger_jax.train.loop import train_and_evaluate
+from hamburger_jax.train.run_config import model_config
+from hamburger_jax.train.setup import Setup
 from hamburger_jax.convert import load_hf_llama, load_model
-from hamburger_jax.metrics_writer import read_jsonl
+from hamburger_jax.train.metrics_writer import read_jsonl
 
 
 def _config(module, **overrides):
@@ -21,7 +23,7 @@ def test_base_lm_then_frozen_base_finetune(tmp_path):
   base_dir = tmp_path / "base_lm"
   c = _config(base_lm_tiny, **{"num_train_steps": 30, "eval.every_steps": 30,
                                "checkpoint.every_steps": 30})
-  state = train_lib.train_and_evaluate(c, str(base_dir))
+  state = train_and_evaluate(c, str(base_dir))
   assert set(state.params) == {"base"}
   rows = read_jsonl(str(base_dir))
   losses = [r["train/loss"] for r in rows if "train/loss" in r]
@@ -36,7 +38,7 @@ def test_base_lm_then_frozen_base_finetune(tmp_path):
 
   c2 = _config(tiny, **{"num_train_steps": 6, "freeze_base": True, "init.checkpoint": export,
                         "eval.every_steps": 0, "checkpoint.every_steps": 3})
-  tuned = train_lib.train_and_evaluate(c2, str(tmp_path / "tuned"))
+  tuned = train_and_evaluate(c2, str(tmp_path / "tuned"))
   flat_tuned = jax.tree_util.tree_leaves_with_path(jax.device_get(tuned.params["base"]))
   flat_base = dict(jax.tree_util.tree_leaves_with_path(base_params))
   assert len(flat_tuned) == len(flat_base)
@@ -46,7 +48,7 @@ def test_base_lm_then_frozen_base_finetune(tmp_path):
     assert value.tobytes() == np.asarray(expected).tobytes(), jax.tree_util.keystr(path)
 
   # The grafted modules did train, and the optimizer holds no state for the frozen base.
-  fresh = train_lib.Setup(c2, train_lib.model_config(c2), tuned.params["base"]["norm"]["scale"]
+  fresh = Setup(c2, model_config(c2), tuned.params["base"]["norm"]["scale"]
                           .sharding.mesh).init_state()
   moved = [not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(tuned.params["micro_decoder"]),
                                                    jax.tree.leaves(fresh.params["micro_decoder"]))]

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from configs import tiny
-from hamburger_jax import train_lib
+from hamburger_jax.train.loop import train_and_evaluate
 from hamburger_jax.convert import load_model
-from hamburger_jax.metrics_writer import read_jsonl
+from hamburger_jax.train.metrics_writer import read_jsonl
 
 
 def make_config(**overrides):
@@ -27,7 +27,7 @@ CONFIG = {"num_train_steps": 40, "logging.every_steps": 10, "eval.every_steps": 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
   workdir = tmp_path_factory.mktemp("smoke")
-  state = train_lib.train_and_evaluate(make_config(**CONFIG), str(workdir))
+  state = train_and_evaluate(make_config(**CONFIG), str(workdir))
   return workdir, state
 
 
@@ -67,7 +67,7 @@ def test_checkpoints_logs_and_export(run):
 def test_finished_run_restarts_without_training(run):
   workdir, state = run
   rows = len(read_jsonl(str(workdir)))
-  again = train_lib.train_and_evaluate(make_config(**CONFIG), str(workdir))
+  again = train_and_evaluate(make_config(**CONFIG), str(workdir))
   assert int(again.step) == 40
   for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(again.params)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -5,14 +5,16 @@ import shutil
 import numpy as np
 
 from configs import tiny
-from hamburger_jax import train_data, train_lib
+from hamburger_jax.train import batches
+from hamburger_jax.train.loop import train_and_evaluate
+from hamburger_jax.train.run_config import model_config
 from hamburger_jax.data import SegmentedExample, write_dataset
-from hamburger_jax.metrics_writer import read_jsonl
+from hamburger_jax.train.metrics_writer import read_jsonl
 
 
 def _examples(n, seed):
-  cfg = train_lib.model_config(tiny.get_config())
-  gen = train_data.SyntheticIterator(cfg, 32, 1, (2, 6), (4, 16), seed, "train", False, slice(None))
+  cfg = model_config(tiny.get_config())
+  gen = batches.SyntheticIterator(cfg, 32, 1, (2, 6), (4, 16), seed, "train", False, slice(None))
   rng, out = np.random.default_rng(seed), []
   for _ in range(n):
     prompt, response, steps = gen._example(rng)  # pylint: disable=protected-access
@@ -33,7 +35,7 @@ def test_tfds_source_trains_and_resumes_the_data_position(tmp_path):
       "eval.every_steps": 6, "checkpoint.export": False, "logging.progress_bar": False,
       "logging.tensorboard": False})
   full = tmp_path / "full"
-  train_lib.train_and_evaluate(c, str(full))
+  train_and_evaluate(c, str(full))
   rows = read_jsonl(str(full))
   losses = {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
   assert sorted(losses) == list(range(1, 7))
@@ -43,7 +45,7 @@ def test_tfds_source_trains_and_resumes_the_data_position(tmp_path):
   resumed = tmp_path / "resumed"
   (resumed / "checkpoints").mkdir(parents=True)
   shutil.copytree(full / "checkpoints" / "3", resumed / "checkpoints" / "3")
-  train_lib.train_and_evaluate(c, str(resumed))
+  train_and_evaluate(c, str(resumed))
   again = {r["step"]: r["train/loss"] for r in read_jsonl(str(resumed)) if "train/loss" in r}
   assert sorted(again) == [4, 5, 6]
   for step, loss in again.items():

@@ -26,11 +26,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from hamburger_jax.config import LlamaConfig, RopeScaling, dtype_from_name
+from hamburger_jax.model.config import LlamaConfig, RopeScaling, dtype_from_name
 from hamburger_jax.convert.errors import CheckpointError
 from hamburger_jax.convert.tree_map import KeyMap, load_into_tree
-from hamburger_jax.layers import rope_inv_freq
-from hamburger_jax.llama import init_llama_params
+from hamburger_jax.model.layers import rope_inv_freq
+from hamburger_jax.model.llama import init_llama_params
 
 GGUF_MAGIC = b"GGUF"
 _MISSING = object()

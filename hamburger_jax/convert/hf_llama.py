@@ -9,11 +9,11 @@ import os
 import jax
 import numpy as np
 
-from hamburger_jax.config import LlamaConfig
+from hamburger_jax.model.config import LlamaConfig
 from hamburger_jax.convert.errors import CheckpointError
 from hamburger_jax.convert.safetensors_io import read_safetensors, write_safetensors
 from hamburger_jax.convert.tree_map import export_from_tree, llama_map, load_into_tree
-from hamburger_jax.llama import init_llama_params
+from hamburger_jax.model.llama import init_llama_params
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"

@@ -14,11 +14,11 @@ import os
 import jax
 import numpy as np
 
-from hamburger_jax.config import HamburgerConfig, LlamaConfig
+from hamburger_jax.model.config import HamburgerConfig, LlamaConfig
 from hamburger_jax.convert.errors import CheckpointError
 from hamburger_jax.convert.safetensors_io import read_safetensors, write_safetensors
 from hamburger_jax.convert.tree_map import is_float_dtype
-from hamburger_jax.model import init_params
+from hamburger_jax.model.hamburger import init_params
 
 CONFIG_FILE = "hamburger_config.json"
 PARAMS_FILE = "params.safetensors"

@@ -8,11 +8,11 @@ import os
 import jax
 import numpy as np
 
-from hamburger_jax.config import HamburgerConfig, LlamaConfig
+from hamburger_jax.model.config import HamburgerConfig, LlamaConfig
 from hamburger_jax.convert.errors import CheckpointError
 from hamburger_jax.convert.safetensors_io import read_safetensors
 from hamburger_jax.convert.tree_map import KeyMap, decoder_layer_map, llama_map, load_into_tree
-from hamburger_jax.model import init_params
+from hamburger_jax.model.hamburger import init_params
 
 
 def original_key_map(cfg: HamburgerConfig) -> KeyMap:

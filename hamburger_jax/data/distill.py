@@ -1,7 +1,7 @@
 """Self-distillation: replace every response by the base model's own (greedy) answer.
 
 The decoder is any callable `generate(prompt_ids_list) -> response_ids_list` (lists of int lists;
-e.g. a wrapper around `hamburger_jax.sampler`). It should return each answer with its end token
+e.g. a wrapper around `hamburger_jax.decode.sampler`). It should return each answer with its end token
 and at most the budget it was given; answers are re-checked against `max_length` here.
 """
 

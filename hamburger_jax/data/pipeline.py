@@ -27,7 +27,7 @@ from typing import Any, Sequence
 import grain
 import numpy as np
 
-from hamburger_jax.batch import BATCH_FIELDS, example_to_macro, pack_rows
+from hamburger_jax.model.batch import BATCH_FIELDS, example_to_macro, pack_rows
 from hamburger_jax.data import builder
 
 

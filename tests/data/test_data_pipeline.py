@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hamburger_jax.batch import BATCH_FIELDS
+from hamburger_jax.model.batch import BATCH_FIELDS
 from hamburger_jax.data.pipeline import (PipelineConfig, batch_spec, fit_example, make_dataset,
                                          make_iterator, restore_iterator, save_iterator)
 

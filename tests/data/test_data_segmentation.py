@@ -11,7 +11,7 @@ from hamburger_jax.data.segmentation import (Scorer, SegmentedExample, default_b
 from hamburger_jax.data.stats import SegmentStats
 from hamburger_jax.data.strategies import SegmentationConfig, group_sizes
 from hamburger_jax.data.tokenize import TokenizedExample
-from hamburger_jax.llama import LlamaModel
+from hamburger_jax.model.llama import LlamaModel
 
 
 def _direct_logits(cfg, params, seqs):

@@ -26,13 +26,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hamburger_jax import decode_state as ds
-from hamburger_jax.attention import init_cache
-from hamburger_jax.config import HamburgerConfig, LlamaConfig
-from hamburger_jax.decode_state import DecodeResult
-from hamburger_jax.llama import LlamaModel
-from hamburger_jax.model import HamburgerModel
-from hamburger_jax.sampling import SamplingParams, sample_tokens, token_log_probs
+from hamburger_jax.decode import state as ds
+from hamburger_jax.model.attention import init_cache
+from hamburger_jax.model.config import HamburgerConfig, LlamaConfig
+from hamburger_jax.decode.state import DecodeResult
+from hamburger_jax.model.llama import LlamaModel
+from hamburger_jax.model.hamburger import HamburgerModel
+from hamburger_jax.decode.sampling import SamplingParams, sample_tokens, token_log_probs
 
 # Python-side trace counters (incremented while tracing): tests use them to prove no recompiles.
 TRACE_COUNTS: collections.Counter = collections.Counter()

@@ -23,7 +23,7 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
-from hamburger_jax.config import HamburgerConfig
+from hamburger_jax.model.config import HamburgerConfig
 from hamburger_jax.convert import export_hf_llama, load_model, save_hamburger
 
 ITEMS = ("state", "config", "data")

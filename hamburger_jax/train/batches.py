@@ -1,4 +1,4 @@
-"""Training batches: the data hook of `train_lib` (synthetic data, or the grain pipeline of
+"""Training batches: the data hook of the training loop (`train/loop.py`) (synthetic data, or the grain pipeline of
 `hamburger_jax.data`), and the host -> device transfer.
 
     it = make_iterator(config, cfg, split="train")    # next(it) -> this process's rows (numpy)
@@ -16,8 +16,8 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from hamburger_jax.batch import example_to_macro, pack_rows
-from hamburger_jax.config import HamburgerConfig
+from hamburger_jax.model.batch import example_to_macro, pack_rows
+from hamburger_jax.model.config import HamburgerConfig
 
 SOURCES = ("synthetic", "tfds")
 _FIRST_TOKEN = 3          # synthetic tokens avoid 0 (pad), 1 (BOS) and 2 (EOS)

@@ -15,9 +15,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from hamburger_jax.attention import Attention, causal_segment_mask
-from hamburger_jax.config import LlamaConfig
-from hamburger_jax.layers import RMSNorm, SwiGLU, default_init, dense, logical
+from hamburger_jax.model.attention import Attention, causal_segment_mask
+from hamburger_jax.model.config import LlamaConfig
+from hamburger_jax.model.layers import RMSNorm, SwiGLU, default_init, dense, logical
 
 
 class LlamaOutput(NamedTuple):

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hamburger_jax.sampling import SamplingParams
+from hamburger_jax.decode.sampling import SamplingParams
 
 # Finish reasons (DecodeState.finish). RUNNING rows are still decoding.
 RUNNING, EOS, LENGTH, BUFFER_FULL, PADDING = 0, 1, 2, 3, 4

@@ -3,7 +3,7 @@
 Parameters: {"base": Llama params, "embedder": merge weights, "micro_decoder": layers + stop head}.
 The embedder and the LM head share the base model's token embedding.
 
-Training (teacher forcing, see `hamburger_jax.batch` for the batch fields):
+Training (teacher forcing, see `hamburger_jax.model.batch` for the batch fields):
     out = HamburgerModel(cfg).apply({"params": p}, batch)
     out.logits [B, M, S, V], out.stop_logits [B, M, S]
 Decoding uses the methods `embed_groups`, `base_forward`, `micro_prefill`, `micro_step`, `heads`.
@@ -17,10 +17,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from hamburger_jax.config import HamburgerConfig
-from hamburger_jax.embedder import CompositionalEmbedder
-from hamburger_jax.llama import LlamaModel, LlamaOutput
-from hamburger_jax.micro_decoder import MicroStepDecoder
+from hamburger_jax.model.config import HamburgerConfig
+from hamburger_jax.model.embedder import CompositionalEmbedder
+from hamburger_jax.model.llama import LlamaModel, LlamaOutput
+from hamburger_jax.model.micro_decoder import MicroStepDecoder
 
 
 class TrainOutput(NamedTuple):
@@ -83,7 +83,7 @@ class HamburgerModel(nn.Module):
   # --- training ---------------------------------------------------------------------------------
 
   def __call__(self, batch: Mapping[str, Any], max_targets: int | None = None) -> TrainOutput:
-    """Teacher-forced forward over a packed batch (fields of `hamburger_jax.batch`).
+    """Teacher-forced forward over a packed batch (fields of `hamburger_jax.model.batch`).
 
     With `max_targets` = K (static), the micro decoder and the heads run only on the first K
     positions of each row that have a target (prompt positions predict nothing), so the outputs

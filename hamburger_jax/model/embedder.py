@@ -14,8 +14,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from hamburger_jax.config import HamburgerConfig
-from hamburger_jax.layers import default_init, dense, logical
+from hamburger_jax.model.config import HamburgerConfig
+from hamburger_jax.model.layers import default_init, dense, logical
 
 
 class CompositionalEmbedder(nn.Module):

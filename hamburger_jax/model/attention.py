@@ -13,8 +13,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from hamburger_jax.config import LlamaConfig
-from hamburger_jax.layers import apply_rope, dense, rope_inv_freq
+from hamburger_jax.model.config import LlamaConfig
+from hamburger_jax.model.layers import apply_rope, dense, rope_inv_freq
 
 LayerCache = dict[str, jax.Array]
 _NEG_INF = -1e30

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hamburger_jax.config import LlamaConfig, RopeScaling
+from hamburger_jax.model.config import LlamaConfig, RopeScaling
 
 default_init = nn.initializers.normal(stddev=0.02)
 

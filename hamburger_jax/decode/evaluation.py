@@ -16,8 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hamburger_jax.llama import LlamaModel
-from hamburger_jax.sampler import Sampler
+from hamburger_jax.model.llama import LlamaModel
+from hamburger_jax.decode.sampler import Sampler
 
 _CODE_BLOCK = re.compile(r"```(?:python|py)?\n(.*?)(?:```|$)", re.S)
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 import flax.linen as nn
 import jax.numpy as jnp
 
-from hamburger_jax.attention import init_cache
-from hamburger_jax.config import HamburgerConfig
-from hamburger_jax.layers import dense
-from hamburger_jax.llama import DecoderLayer, run_layers
+from hamburger_jax.model.attention import init_cache
+from hamburger_jax.model.config import HamburgerConfig
+from hamburger_jax.model.layers import dense
+from hamburger_jax.model.llama import DecoderLayer, run_layers
 
 
 class StopHead(nn.Module):

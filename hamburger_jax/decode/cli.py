@@ -1,0 +1,322 @@
+"""The library side of `decode.py`: load a checkpoint, read prompts, decode, print text or JSON.
+
+Importable from a notebook:
+    from hamburger_jax.decode.cli import DecodeArgs, run
+    run(DecodeArgs(ckpt="/tmp/tiny_ckpt", prompt="1,5,7", token_ids=True, json=True))
+
+`run` returns the exit code: 0, or 2 after one clear line on stderr for unusable input (empty
+prompt, prompt longer than the KV buffer, confidence outside (0, 1], max_new_tokens < 1, unknown
+token ids, missing tokenizer or checkpoint).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json as jsonlib
+import math
+import os
+import sys
+from typing import Sequence, TextIO
+
+from hamburger_jax.convert import CheckpointError, load_model
+from hamburger_jax.decode.evaluation import agreement
+from hamburger_jax.decode.render import Printer, stream_one, summary
+from hamburger_jax.decode.sampler import DecodeInputError, Sampler
+from hamburger_jax.decode.state import DecodeResult
+from hamburger_jax.model.config import HamburgerConfig
+from hamburger_jax.testing.fixtures import make_tiny_checkpoint
+from hamburger_jax.text.tokenizer import Tokenizer, TokenizerError
+
+
+class UsageError(ValueError):
+  """A bad command line (the message says what to change)."""
+
+
+# --- arguments -----------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class DecodeArgs:
+  """Everything decode.py accepts (field = flag)."""
+  ckpt: str | None = None           # export dir, HF Llama dir, original checkpoint, or "smollm2"
+  base_config: str | None = None    # HF config.json of the base model (original checkpoints)
+  tokenizer: str | None = None      # tokenizer.json or its directory (default: beside --ckpt)
+  prompt: str | None = None         # one prompt (comma-separated ids with --token_ids)
+  prompt_file: str | None = None    # one prompt per line -> a batch
+  token_ids: bool = False           # prompts are comma-separated token ids; output ids
+  chat: bool = False                # wrap prompts in the tokenizer's chat template
+  system: str | None = None         # system message for --chat
+  max_new_tokens: int = 256
+  confidence: float = 0.8
+  temperature: float = 0.0          # 0 = greedy
+  top_k: int = 0                    # 0 = off
+  top_p: float = 1.0                # 1 = off
+  max_group: int = 0                # cap on tokens per macro step (0 = the model's S)
+  seed: int = 0
+  base: bool = False                # plain base-model decoding (the speed baseline)
+  show_groups: bool = False         # delimit each macro step's group (colored on a tty)
+  json: bool = False                # print outputs and stats as JSON
+  cache_length: int = 0             # KV slots per row (0 = longest prompt + max_new_tokens)
+  stream_steps: int = 4             # macro steps per streamed chunk
+  make_tiny_checkpoint: str | None = None  # write a random tiny checkpoint here and exit
+  compare_base: bool = False        # also decode with the base alone; print both and the ratios
+
+
+def check_args(a: DecodeArgs) -> None:
+  """Fails fast, before any loading or compiling."""
+  if a.make_tiny_checkpoint:
+    return
+  if not a.ckpt:
+    raise UsageError("--ckpt is required (a hamburger_jax export dir, an HF Llama dir, or an "
+                     "original HAMburger checkpoint with --base_config).")
+  if not (isinstance(a.confidence, (int, float)) and 0.0 < a.confidence <= 1.0):
+    raise UsageError(f"--confidence must be in (0, 1], got {a.confidence}.")
+  if a.max_new_tokens < 1:
+    raise UsageError(f"--max_new_tokens must be >= 1, got {a.max_new_tokens}.")
+  if a.prompt is not None and a.prompt_file is not None:
+    raise UsageError("Give --prompt or --prompt_file, not both.")
+  if a.stream_steps < 1:
+    raise UsageError(f"--stream_steps must be >= 1, got {a.stream_steps}.")
+
+
+def read_prompt_lines(a: DecodeArgs, stdin: TextIO) -> list[str]:
+  if a.prompt is not None:
+    lines = [a.prompt]
+  elif a.prompt_file is not None:
+    try:
+      with open(a.prompt_file) as f:
+        lines = [line.rstrip("\n") for line in f if line.strip()]
+    except OSError as e:
+      raise UsageError(f"Cannot read --prompt_file {a.prompt_file}: {e.strerror}.") from e
+  else:
+    lines = [line.rstrip("\n") for line in stdin if line.strip()]
+  if not lines or all(not line.strip() for line in lines):
+    raise UsageError("The prompt is empty: pass --prompt, --prompt_file, or text on stdin.")
+  return lines
+
+
+def parse_token_ids(line: str, index: int) -> list[int]:
+  try:
+    ids = [int(x) for x in line.replace(" ", "").split(",") if x != ""]
+  except ValueError as e:
+    raise UsageError(f"Prompt {index} is not a comma-separated list of token ids: {line!r}.") from e
+  if not ids:
+    raise UsageError(f"Prompt {index} is empty.")
+  return ids
+
+
+# --- the command ---------------------------------------------------------------------------------
+
+def run(a: DecodeArgs, stdout: TextIO | None = None, stderr: TextIO | None = None,
+        stdin: TextIO | None = None) -> int:
+  """Runs decode.py's job; returns the exit code (2 with one message line for bad input)."""
+  stdout, stderr, stdin = stdout or sys.stdout, stderr or sys.stderr, stdin or sys.stdin
+  try:
+    return _run(a, stdout, stderr, stdin)
+  except (UsageError, DecodeInputError, CheckpointError, TokenizerError) as e:
+    print(f"error: {e}", file=stderr)
+    return 2
+
+
+SHIPPED = "smollm2"   # --ckpt name of the shipped HAMburger-SmolLM2 (hamburger_jax/assets)
+
+
+def _resolve(a: DecodeArgs) -> DecodeArgs:
+  """Checks that the checkpoint exists; the shipped model implies its chat template and tokenizer."""
+  if a.ckpt != SHIPPED:
+    if not os.path.exists(a.ckpt):
+      raise CheckpointError(f"No such checkpoint: {a.ckpt} (pass an export dir, an HF Llama dir, "
+                            "an original HAMburger checkpoint, or 'smollm2').")
+    return a
+  from hamburger_jax.recipes import smollm2
+  return dataclasses.replace(a, chat=True, system=a.system or smollm2.SYSTEM_PROMPT,
+                             tokenizer=a.tokenizer or smollm2.cached_tokenizer_dir())
+
+
+def _load(a: DecodeArgs):
+  """-> (config, params, base_only) from any supported checkpoint."""
+  try:
+    if a.ckpt == SHIPPED:
+      from hamburger_jax.recipes import smollm2
+      cfg, params, _, _ = smollm2.load_shipped()
+      return cfg, params, a.base
+    kind, cfg, params = load_model(a.ckpt, base_config=a.base_config)
+  except (FileNotFoundError, ValueError) as e:
+    if isinstance(e, CheckpointError):
+      raise
+    raise CheckpointError(str(e)) from e
+  return cfg, params, a.base or kind == "llama"
+
+
+def _tokenizer(a: DecodeArgs) -> Tokenizer | None:
+  """The tokenizer of --tokenizer or beside --ckpt (None with --token_ids)."""
+  if a.token_ids:
+    return None
+  tok_path = a.tokenizer or (a.ckpt if os.path.isdir(a.ckpt) else os.path.dirname(a.ckpt))
+  if not a.tokenizer and not os.path.isfile(os.path.join(tok_path, "tokenizer.json")):
+    raise UsageError("No tokenizer: pass --tokenizer PATH/tokenizer.json, or --token_ids to give "
+                     "prompts as comma-separated ids.")
+  return Tokenizer(tok_path)
+
+
+def _encode(a: DecodeArgs, lines: Sequence[str], tokenizer: Tokenizer | None) -> list[list[int]]:
+  if tokenizer is None:
+    return [parse_token_ids(line, i) for i, line in enumerate(lines)]
+  return [tokenizer.encode(line, chat=a.chat, system=a.system) for line in lines]
+
+
+def _samplers(a: DecodeArgs, cfg, params, base_only: bool, prompts, tokenizer):
+  """-> (sampler, base sampler for --compare_base or None, knobs)."""
+  llama = cfg.base if isinstance(cfg, HamburgerConfig) else cfg
+  eos = sorted(set(list(llama.eos_token_ids) + (tokenizer.stop_ids(a.chat) if tokenizer else [])))
+  longest = max(len(p) for p in prompts)
+  cache_length = a.cache_length or -(-(longest + a.max_new_tokens) // 64) * 64
+  out_length = -(-a.max_new_tokens // 64) * 64
+  sampler = Sampler(cfg, params, base=base_only, cache_length=cache_length,
+                    out_length=out_length, eos_ids=eos)
+  sampler.check_prompts(prompts)
+  knobs = dict(max_new_tokens=a.max_new_tokens, confidence=a.confidence,
+               temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, seed=a.seed,
+               max_group=(a.max_group or None) if not base_only else None)
+  base = None
+  if a.compare_base and not base_only:
+    base = Sampler(cfg, params, base=True, cache_length=cache_length, out_length=out_length,
+                   eos_ids=eos)
+  return sampler, base, knobs
+
+
+def _decode(a: DecodeArgs, sampler, base_sampler, knobs, prompts, printer, stdout):
+  """-> (result, base result or None). One prompt streams, unless the run is timed (--json,
+  --compare_base); several are printed when done."""
+  base_result = None
+  if base_sampler is not None:
+    base_knobs = dict(knobs, max_group=None, confidence=1.0)
+    base_sampler.decode(prompts, **base_knobs)                # compile once, then time
+    base_result = base_sampler.decode(prompts, **base_knobs)
+    sampler.decode(prompts, **knobs)                          # compile before the timed run
+  if len(prompts) == 1 and not a.json and base_result is None:
+    return stream_one(sampler, prompts[0], printer, knobs, a.stream_steps, stdout), None
+  result = sampler.decode(prompts, **knobs)
+  if not a.json:
+    for i in range(len(prompts)):
+      print(f"### {i}", file=stdout)
+      print(printer.full(result.tokens[i], result.groups(i), result.logprobs[i]), file=stdout)
+  return result, base_result
+
+
+def _print_json(prompts, result: DecodeResult, stats: dict, tokenizer, stdout) -> None:
+  rows = []
+  for i, prompt in enumerate(prompts):
+    row = {"prompt_ids": prompt, "tokens": result.tokens[i], "groups": result.groups(i),
+           "finish_reason": result.finish_reasons[i],
+           "probs": [round(math.exp(x), 6) for x in result.logprobs[i]]}
+    if tokenizer is not None:
+      row["text"] = tokenizer.decode(result.tokens[i])
+    rows.append(row)
+  jsonlib.dump({"outputs": rows, "stats": stats}, stdout)
+  stdout.write("\n")
+
+
+def _print_comparison(b: dict, base_result: DecodeResult, tokenizer, single: bool, stdout,
+                      stderr) -> None:
+  if tokenizer is not None and single:
+    print(f"--- base model alone:\n{tokenizer.decode(base_result.tokens[0])}", file=stdout)
+  print(f"base model alone: {b['decode_tokens_per_s']:.1f} tokens/s; HAMburger/base speed "
+        f"{b['speed_ratio']:.2f}x; KV entries {b['kv_slots_hamburger']} vs {b['kv_slots']}; "
+        f"token agreement with the base {b['token_agreement']:.2f}", file=stderr)
+
+
+def _run(a: DecodeArgs, stdout: TextIO, stderr: TextIO, stdin: TextIO) -> int:
+  check_args(a)
+  if a.make_tiny_checkpoint:
+    make_tiny_checkpoint(a.make_tiny_checkpoint, a.seed)
+    print(a.make_tiny_checkpoint, file=stdout)
+    return 0
+  a = _resolve(a)
+  lines = read_prompt_lines(a, stdin)
+  tokenizer = _tokenizer(a)
+  cfg, params, base_only = _load(a)
+  prompts = _encode(a, lines, tokenizer)
+  sampler, base_sampler, knobs = _samplers(a, cfg, params, base_only, prompts, tokenizer)
+  printer = Printer(tokenizer, a.show_groups, a.show_groups and not a.json and stdout.isatty())
+  result, base_result = _decode(a, sampler, base_sampler, knobs, prompts, printer, stdout)
+  stats = dict(result.stats(), mode="base" if base_only else "hamburger")
+  if base_result is not None:
+    stats["base"] = _comparison(result, base_result)
+  if a.json:
+    _print_json(prompts, result, stats, tokenizer, stdout)
+    return 0
+  print(summary(stats), file=stderr)
+  if base_result is not None:
+    _print_comparison(stats["base"], base_result, tokenizer, len(prompts) == 1, stdout, stderr)
+  return 0
+
+
+def _comparison(result: DecodeResult, base: DecodeResult) -> dict:
+  """Stats of the base-only run beside HAMburger's (same prompts, same process)."""
+  ours, theirs = result.stats(), base.stats()
+  agree = [agreement(r, q)[0] for r, q in zip(result.tokens, base.tokens)]
+  lengths = [max(len(r), len(q)) for r, q in zip(result.tokens, base.tokens)]
+  return {"new_tokens": theirs["new_tokens"], "decode_tokens_per_s": theirs["decode_tokens_per_s"],
+          "speed_ratio": ours["decode_tokens_per_s"] / max(theirs["decode_tokens_per_s"], 1e-9),
+          "kv_slots": theirs["kv_slots_used"], "kv_slots_hamburger": ours["kv_slots_used"],
+          "token_agreement": sum(a * n for a, n in zip(agree, lengths)) / max(sum(lengths), 1)}
+
+
+# --- absl flags (used by decode.py) -------------------------------------------------------------
+
+_HELP = {
+    "ckpt": "hamburger_jax export dir, HF Llama dir (plain decoding), original HAMburger "
+            "checkpoint file (with --base_config), or 'smollm2' (the shipped model)",
+    "base_config": "HF config.json of the base model, for an original HAMburger checkpoint",
+    "tokenizer": "tokenizer.json or its directory (default: beside --ckpt)",
+    "prompt": "one prompt (comma-separated ids with --token_ids); also accepted as a positional "
+              "argument; default: stdin, one prompt per line",
+    "prompt_file": "file with one prompt per line (decoded as one batch)",
+    "token_ids": "prompts are comma-separated token ids and output is ids (no tokenizer)",
+    "chat": "wrap prompts in the chat template (Llama-3 headers or ChatML)",
+    "system": "system message for --chat",
+    "max_new_tokens": "exact maximum of generated tokens per prompt",
+    "confidence": "in (0, 1]: a group goes on while 1 - sigmoid(stop logit) >= confidence",
+    "temperature": "sampling temperature (0 = greedy)",
+    "top_k": "keep the k most likely tokens (0 = off)",
+    "top_p": "nucleus sampling mass (1 = off)",
+    "max_group": "cap on tokens per macro step (0 = the model's max_steps; 1 = base-equivalent)",
+    "seed": "sampling seed",
+    "base": "plain base-model decoding, one token per step (the speed baseline)",
+    "show_groups": "mark each macro step's group; colored by token probability on a terminal",
+    "json": "print outputs and stats as JSON",
+    "cache_length": "KV slots per row (0 = longest prompt + max_new_tokens, rounded up to 64)",
+    "stream_steps": "macro steps per streamed chunk",
+    "make_tiny_checkpoint": "write a random tiny HAMburger checkpoint to this directory and exit",
+    "compare_base": "also decode with the base model alone in the same run; print its text and "
+                    "the speed / KV-entry ratios",
+}
+
+
+def define_flags(flags_module) -> None:
+  """Defines one absl flag per DecodeArgs field."""
+  defaults = DecodeArgs()
+  for field in dataclasses.fields(DecodeArgs):
+    value = getattr(defaults, field.name)
+    kind = field.type if isinstance(field.type, str) else field.type.__name__
+    help_text = _HELP[field.name]
+    if kind.startswith("bool"):
+      flags_module.DEFINE_bool(field.name, value, help_text)
+    elif kind.startswith("int"):
+      flags_module.DEFINE_integer(field.name, value, help_text)
+    elif kind.startswith("float"):
+      flags_module.DEFINE_float(field.name, value, help_text)
+    else:
+      flags_module.DEFINE_string(field.name, value, help_text)
+
+
+def args_from_flags(flag_values, positional: Sequence[str] = ()) -> DecodeArgs:
+  """DecodeArgs from parsed flags; positional arguments are the prompt
+  (`decode.py --ckpt DIR --token_ids 1,5,7` is `--token_ids --prompt 1,5,7`)."""
+  names = [f.name for f in dataclasses.fields(DecodeArgs)]
+  args = DecodeArgs(**{name: getattr(flag_values, name) for name in names})
+  if positional:
+    if args.prompt is not None:
+      raise UsageError(f"Give the prompt once: --prompt or the argument {positional[0]!r}.")
+    args.prompt = " ".join(positional)
+  return args

@@ -1,0 +1,92 @@
+"""How decode.py shows results: groups marked [..] or colored by probability, streamed text, and
+the one-line statistics summary."""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence, TextIO
+
+from hamburger_jax.decode.sampler import Sampler
+from hamburger_jax.decode.state import DecodeResult
+from hamburger_jax.text.tokenizer import TextStream, Tokenizer
+
+
+def _color(prob: float) -> str:
+  """ANSI 256-color code: green (sure) .. red (unsure)."""
+  for threshold, code in ((0.8, 34), (0.5, 148), (0.25, 214)):
+    if prob >= threshold:
+      return f"\x1b[38;5;{code}m"
+  return "\x1b[38;5;196m"
+
+
+def render_groups(groups: Sequence[Sequence[int]], logprobs: Sequence[float],
+                  piece: Callable[[int], str], color: bool, sep: str = "") -> str:
+  """Each group as [..] (plain) or closed by a dim bar with tokens colored by probability.
+
+  `sep` goes between tokens and between groups (" " for token ids, "" for text pieces).
+  """
+  out, i = [], 0
+  for group in groups:
+    if color:
+      body = sep.join(f"{_color(math.exp(logprobs[i + k]))}{piece(t)}"
+                      for k, t in enumerate(group))
+      out.append(f"{body}\x1b[0m\x1b[2m|\x1b[0m")
+    else:
+      out.append("[" + sep.join(piece(t) for t in group) + "]")
+    i += len(group)
+  return sep.join(out)
+
+
+class Printer:
+  """Formats one row's tokens as text or ids, with or without group marks."""
+
+  def __init__(self, tokenizer: Tokenizer | None, show_groups: bool, color: bool):
+    self.tok, self.show_groups, self.color = tokenizer, show_groups, color
+    self.sep = " " if tokenizer is None else ""
+
+  def piece(self, t: int) -> str:
+    return str(t) if self.tok is None else self.tok.decode([t], skip_special=False)
+
+  def groups(self, groups, logprobs) -> str:
+    return render_groups(groups, logprobs, self.piece, self.color, self.sep)
+
+  def full(self, tokens, groups, logprobs) -> str:
+    if self.show_groups:
+      return self.groups(groups, logprobs)
+    if self.tok is None:
+      return ",".join(str(t) for t in tokens)
+    return self.tok.decode(tokens)
+
+
+def stream_one(sampler: Sampler, prompt, printer: Printer, knobs: dict, chunk_steps: int,
+               out: TextIO) -> DecodeResult:
+  """Decodes one prompt in chunks of macro steps, printing as text appears."""
+  text = TextStream(printer.tok) if printer.tok and not printer.show_groups else None
+  shown_groups = shown_tokens = 0
+  result = None
+  for result in sampler.stream([prompt], chunk_steps=chunk_steps, **knobs):
+    tokens, groups = result.tokens[0], result.groups(0)
+    final = result.finish_reasons[0] != "running"
+    if text is not None:
+      out.write(text.update(tokens, final))
+    elif printer.show_groups:
+      start = sum(len(g) for g in groups[:shown_groups])
+      if len(groups) > shown_groups:
+        out.write((printer.sep if shown_groups else "") +
+                  printer.groups(groups[shown_groups:], result.logprobs[0][start:]))
+      shown_groups = len(groups)
+    else:
+      out.write(("," if shown_tokens else "") + ",".join(str(t) for t in tokens[shown_tokens:]))
+      shown_tokens = len(tokens)
+    out.flush()
+  out.write("\n")
+  return result
+
+
+def summary(stats: dict) -> str:
+  return (f"{stats['new_tokens']} new tokens in {stats['macro_steps']} macro steps "
+          f"({stats['tokens_per_macro_step']:.2f} tokens/step); KV slots {stats['kv_slots_used']} "
+          f"(plain decoding: {stats['kv_slots_base']}); prefill {stats['prefill_s'] * 1e3:.1f} ms; "
+          f"decode {stats['decode_tokens_per_s']:.1f} tokens/s; "
+          f"compile {stats['compile_s']:.1f} s; "
+          f"finish {','.join(stats['finish_reasons'])}")

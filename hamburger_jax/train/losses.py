@@ -1,0 +1,162 @@
+"""Every training loss: HAMburger's masked CE + stop_weight x stop BCE, KL to the base model
+(distillation), and plain next-token CE for the base alone; each -> (loss, metrics).
+
+HAMburger inputs are per macro position and micro step: logits [B, M, S, V], stop logits
+[B, M, S], target tokens [B, M, S] and target lengths [B, M] (0 = no target). Means are over real
+tokens.
+
+Distillation (loss.kl_weight > 0): the teacher is the base model as it was at the start (the live
+base params when the base is frozen, else a copy kept in the state and checkpoint). Its logits are
+computed on device inside the step: `plain_view` rebuilds the plain, unmerged token rows of the
+packed batch (loss.teacher_len tokens per row, default seq_len * max_steps; targets past that are
+left out of the KL) and one more base forward over them gives the teacher's distribution for every
+target token. Nothing is added to the batch on the host.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from hamburger_jax.model.config import HamburgerConfig
+from hamburger_jax.model.hamburger import HamburgerModel
+from hamburger_jax.model.llama import LlamaModel
+
+
+def target_masks(target_lengths, max_steps: int):
+  """-> (token mask [B, M, S]: j < length, stop targets [B, M, S]: j == length - 1)."""
+  j = jnp.arange(max_steps)
+  lengths = target_lengths[..., None]
+  return j < lengths, (j == lengths - 1).astype(jnp.float32)
+
+
+def masked_mean(x, mask):
+  mask = mask.astype(jnp.float32)
+  return jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def kl_to_teacher(student_logits, teacher_logits):
+  """KL(teacher || student) per position, [...]."""
+  t_logp = jax.nn.log_softmax(teacher_logits.astype(jnp.float32), -1)
+  s_logp = jax.nn.log_softmax(student_logits.astype(jnp.float32), -1)
+  return jnp.sum(jnp.exp(t_logp) * (t_logp - s_logp), -1)
+
+
+def hamburger_loss(logits, stop_logits, target_tokens, target_lengths, stop_weight: float = 0.5):
+  """CE + stop_weight x stop BCE -> (loss scalar, metrics dict of on-device scalars)."""
+  s = logits.shape[-2]
+  mask, stop_targets = target_masks(target_lengths, s)
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), target_tokens)
+  bce = optax.sigmoid_binary_cross_entropy(stop_logits.astype(jnp.float32), stop_targets)
+  label_loss = masked_mean(ce, mask)
+  stop_loss = masked_mean(bce, mask)
+  loss = label_loss + stop_weight * stop_loss
+  metrics = {"label_loss": label_loss, "stop_loss": stop_loss,
+             "perplexity": jnp.exp(label_loss)}
+  metrics["loss"] = loss
+
+  correct = (jnp.argmax(logits, -1) == target_tokens) & mask
+  for j in range(s):
+    metrics[f"accuracy_s{j + 1}"] = masked_mean(correct[..., j], mask[..., j])
+  stop_pred = (stop_logits > 0).astype(jnp.float32)
+  metrics["accuracy"] = masked_mean(correct, mask)
+  metrics["stop_accuracy"] = masked_mean(stop_pred == stop_targets, mask)
+  num_groups = jnp.sum(target_lengths > 0)
+  metrics["tokens"] = jnp.sum(mask).astype(jnp.float32)
+  metrics["tokens_per_group"] = metrics["tokens"] / jnp.maximum(num_groups, 1)
+  return loss, metrics
+
+
+def base_lm_loss(base_cfg, params, batch):
+  """Next-token CE of the base model on size-1 groups -> (loss, metrics)."""
+  out = LlamaModel(base_cfg).apply({"params": params["base"]}, batch["group_tokens"][..., 0],
+                                   positions=batch["positions"], segment_ids=batch["segment_ids"])
+  targets, mask = batch["target_tokens"][..., 0], batch["target_lengths"] > 0
+  ce = optax.softmax_cross_entropy_with_integer_labels(out.logits, targets)
+  loss = masked_mean(ce, mask)
+  acc = masked_mean(jnp.argmax(out.logits, -1) == targets, mask)
+  return loss, {"loss": loss, "label_loss": loss, "perplexity": jnp.exp(loss), "accuracy": acc,
+                "accuracy_s1": acc, "tokens": jnp.sum(mask).astype(jnp.float32)}
+
+
+def plain_view(batch, plain_len: int):
+  """Rebuilds the plain (unmerged) token rows of a packed batch, for the distillation teacher.
+
+  -> (plain {"tokens", "positions", "segment_ids"} each [B, P], slot [B, M, S]: the plain index
+  whose next-token prediction is target (m, j), valid [B, M, S]: target exists and fits in P).
+  Each macro position m reserves its input tokens, plus the final target group of its example.
+  """
+  gl, tl, seg, pos = (batch[k] for k in ("group_lengths", "target_lengths", "segment_ids",
+                                         "positions"))
+  b, s = gl.shape[0], batch["group_tokens"].shape[-1]
+  k = jnp.arange(s)
+  last = (tl > 0) & (seg != jnp.pad(seg[:, 1:], ((0, 0), (0, 1))))   # example's final group
+  reserved = gl + jnp.where(last, tl, 0)
+  start = (jnp.cumsum(reserved, axis=1) - reserved)[..., None]        # [B, M, 1]
+  in_ok, out_ok = k < gl[..., None], last[..., None] & (k < tl[..., None])
+  slots = jnp.concatenate([jnp.where(in_ok, start + k, plain_len),
+                           jnp.where(out_ok, start + gl[..., None] + k, plain_len)], -1)
+  values = {"tokens": jnp.concatenate([batch["group_tokens"], batch["target_tokens"]], -1),
+            "positions": jnp.concatenate([pos[..., None] - gl[..., None] + 1 + k,
+                                          pos[..., None] + 1 + k], -1),
+            "segment_ids": jnp.broadcast_to(seg[..., None], slots.shape)}
+  rows = jnp.arange(b)[:, None, None]
+  plain = {n: jnp.zeros((b, plain_len), jnp.int32).at[rows, slots].set(v, mode="drop")
+           for n, v in values.items()}
+  slot = start + gl[..., None] - 1 + k
+  return plain, slot, (k < tl[..., None]) & (slot < plain_len)
+
+
+def teacher_logits(base_cfg, teacher_params, batch, plain_len: int):
+  """The teacher's next-token logits for every target token -> ([B, M, S, V], valid [B, M, S])."""
+  plain, slot, valid = plain_view(batch, plain_len)
+  out = LlamaModel(base_cfg).apply({"params": teacher_params}, plain["tokens"],
+                                   positions=plain["positions"], segment_ids=plain["segment_ids"])
+  b, m, s = slot.shape
+  idx = jnp.minimum(slot, plain_len - 1).reshape(b, m * s)
+  logits = jnp.take_along_axis(out.logits, idx[..., None], axis=1)
+  return jax.lax.stop_gradient(logits.reshape(b, m, s, -1)), valid
+
+
+def expected_tokens_per_step(stop_logits, target_lengths):
+  """Mean over predicting positions of E[group size] = sum_j prod_{i<j} P(continue at i)."""
+  cont = 1.0 - jax.nn.sigmoid(stop_logits.astype(jnp.float32))                   # [B, M, S]
+  reach = jnp.cumprod(jnp.concatenate([jnp.ones_like(cont[..., :1]), cont[..., :-1]], -1), -1)
+  return masked_mean(reach.sum(-1), target_lengths > 0)
+
+
+def hamburger_train_loss(cfg: HamburgerConfig, loss_cfg, plain_len, max_targets, params, batch,
+                         teacher):
+  """HAMburger loss (+ kl_weight x KL to the teacher) -> (loss, metrics).
+
+  max_targets (static, None = all): the micro decoder runs only on that many target positions
+  per row (see HamburgerModel.__call__); positions past it are counted in `targets_dropped`.
+  """
+  out = HamburgerModel(cfg).apply({"params": params}, batch, max_targets=max_targets)
+  loss, metrics = hamburger_loss(out.logits, out.stop_logits, out.target_tokens,
+                                 out.target_lengths, stop_weight=loss_cfg.stop_weight)
+  if max_targets is not None:
+    metrics["targets_dropped"] = (jnp.sum(batch["target_lengths"] > 0)
+                                  - jnp.sum(out.target_lengths > 0)).astype(jnp.float32)
+  if loss_cfg.kl_weight:
+    t_params = params["base"] if teacher is None else teacher
+    t_logits, valid = teacher_logits(cfg.base, jax.lax.stop_gradient(t_params), batch, plain_len)
+    mask = target_masks(batch["target_lengths"], cfg.max_steps)[0] & valid
+    metrics["kl"] = masked_mean(kl_to_teacher(out.logits, t_logits), mask)
+    loss = loss + loss_cfg.kl_weight * metrics["kl"]
+    metrics["loss"] = loss
+  metrics["expected_tokens_per_step"] = expected_tokens_per_step(out.stop_logits,
+                                                                 out.target_lengths)
+  return loss, metrics
+
+
+def make_loss_fn(config, cfg: HamburgerConfig):
+  """-> loss_fn(params, batch, teacher) -> (scalar loss, metrics dict) for `config.mode`."""
+  if config.mode == "base_lm":
+    return lambda params, batch, teacher: base_lm_loss(cfg.base, params, batch)
+  plain_len = config.loss.teacher_len or config.data.seq_len * cfg.max_steps
+  max_targets = config.model.max_targets or None
+  return functools.partial(hamburger_train_loss, cfg, config.loss, plain_len, max_targets)
