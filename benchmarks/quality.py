@@ -20,7 +20,6 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from hamburger_jax.decode import evaluation  # noqa: E402
-from hamburger_jax.text.gguf_tokenizer import apply_chatml  # noqa: E402
 from hamburger_jax.recipes import smollm2  # noqa: E402
 from hamburger_jax.recipes.stdlib_prompts import stdlib_prompts  # noqa: E402
 from hamburger_jax.decode.sampler import Sampler  # noqa: E402
@@ -57,8 +56,7 @@ def main(argv=None):
   t0 = time.time()
   cfg, params, tok, base_cfg = smollm2.load_shipped(args.asset_dir)
   items = heldout_prompts(args.num_prompts)
-  prompts = [tok.encode(apply_chatml(p["prompt"], default_system=smollm2.SYSTEM_PROMPT),
-                        add_special_tokens=False).ids for p in items]
+  prompts = [tok.encode(p["prompt"], chat=True, system=smollm2.SYSTEM_PROMPT) for p in items]
   cache = max(len(p) for p in prompts) + args.max_new_tokens
   kw = dict(cache_length=cache, out_length=args.max_new_tokens, min_prompt_bucket=16)
   hamburger = Sampler(cfg, params, **kw)

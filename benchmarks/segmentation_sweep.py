@@ -26,7 +26,7 @@ from report import markdown_table, write_json  # noqa: E402
 
 from hamburger_jax.data import builder  # noqa: E402
 from hamburger_jax.data.prepare import load_model  # noqa: E402
-from hamburger_jax.data.segmentation import Scorer  # noqa: E402
+from hamburger_jax.model.scoring import Scorer  # noqa: E402
 from hamburger_jax.data.strategies import SegmentationConfig, group_sizes  # noqa: E402
 
 SWEEP = (

@@ -1,26 +1,36 @@
-"""The SmolLM2 recipe's training record (what the shipped manifest says about its weights)."""
+"""The SmolLM2 recipe's training record (what the shipped manifest says about its weights), read
+through the dataset and checkpoint libraries from a real prepared dataset and real checkpoints."""
 
-import json
 import os
 
+import numpy as np
+
+from hamburger_jax.data import builder
+from hamburger_jax.data.segmentation import SegmentedExample
 from hamburger_jax.recipes import smollm2
+from hamburger_jax.train import checkpoints
+
+
+def _examples():
+  return [SegmentedExample(np.arange(4, dtype=np.int32), 2, np.array([1, 1], np.int32))] * 3
 
 
 def test_training_record(tmp_path):
   assert smollm2.training_record(str(tmp_path)) == {}          # nothing trained yet
-  meta = tmp_path / "data" / "hamburger_sft" / "smollm2_sft" / "1.0.0"
-  meta.mkdir(parents=True)
   seg = {"strategy": "decreasing_v2", "min_value": 1.0, "ratio": 0.5}
-  (meta / "metadata.json").write_text(json.dumps({
-      "stats": {"examples": 3, "response_tokens": 30, "tokens_per_group": 1.5, "groups": 20},
-      "settings": {"segmentation": seg}}))
+  meta = {"stats": {"examples": 3, "response_tokens": 30, "tokens_per_group": 1.5, "groups": 20},
+          "settings": {"segmentation": seg}}
+  builder.write_dataset({"train": _examples}, str(tmp_path / "data"), smollm2.DATASET,
+                        metadata=meta, progress=False)
+  ckpt = checkpoints.Checkpointer(checkpoints.checkpoint_dir(str(tmp_path / "train")),
+                                  save_every=1, keep=3, async_save=False)
   for step in (25, 200):
-    cfg_dir = tmp_path / "train" / "checkpoints" / str(step) / "config"
-    cfg_dir.mkdir(parents=True)
-    (cfg_dir / "metadata").write_text(json.dumps({
-        "init": {"checkpoint": f"ckpt{step}"}, "freeze_base": True,
-        "model": {"num_micro_layers": 2}, "data": {"batch_size": 8, "seq_len": 256}}))
-  os.makedirs(tmp_path / "train" / "checkpoints" / "200.orbax-checkpoint-tmp-1")
+    ckpt.save(step, {"w": np.zeros(2, np.float32)},
+              {"init": {"checkpoint": f"ckpt{step}"}, "freeze_base": True,
+               "model": {"num_micro_layers": 2}, "data": {"batch_size": 8, "seq_len": 256}},
+              {"batches": step}, force=True)
+  ckpt.close()
+  os.makedirs(tmp_path / "train" / "checkpoints" / "300.orbax-checkpoint-tmp-1")  # unfinished
   record = smollm2.training_record(str(tmp_path))
   assert record == {"data": {"examples": 3, "response_tokens": 30, "tokens_per_group": 1.5,
                              "segmentation": seg},

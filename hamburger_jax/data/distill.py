@@ -49,3 +49,18 @@ def self_distill(examples: Iterable[TokenizedExample], generate: GenerateFn, cfg
       batch = []
   if batch:
     yield from flush()
+
+
+def sampler_generate(cfg, params, eos_ids: Sequence[int], max_prompt_tokens: int,
+                     max_new_tokens: int) -> GenerateFn:
+  """A greedy `generate` hook around the base model's batched decoder (one compile per batch
+  size): answers end with their end token when the model stopped, else at max_new_tokens."""
+  from hamburger_jax.decode.sampler import Sampler  # pylint: disable=g-import-not-at-top
+  sampler = Sampler(cfg, params, base=True, cache_length=max_prompt_tokens + max_new_tokens,
+                    out_length=max_new_tokens, min_prompt_bucket=max_prompt_tokens,
+                    eos_ids=list(eos_ids))
+
+  def generate(prompts: Sequence[Sequence[int]]) -> list[list[int]]:
+    return [list(t) for t in sampler.decode([list(p) for p in prompts],
+                                            max_new_tokens=max_new_tokens).tokens]
+  return generate

@@ -27,7 +27,8 @@ import numpy as np
 
 from hamburger_jax.data import builder, distill
 from hamburger_jax.data.chunks import ChunkStore, fingerprint
-from hamburger_jax.data.segmentation import Scorer, segment_examples, unit_segments
+from hamburger_jax.data.segmentation import segment_examples, unit_segments
+from hamburger_jax.model.scoring import Scorer
 from hamburger_jax.data.sources import DataError, SourceConfig, read_examples
 from hamburger_jax.data.stats import SegmentStats
 from hamburger_jax.data.strategies import SegmentationConfig

@@ -1,26 +1,21 @@
 """Entropy segmentation: score response tokens with the base model, then group them (spec §7).
 
-`Scorer` runs the base model, jitted, on batches of prompt+response sequences padded to a few
-length buckets (one compile per bucket: the rows per batch are a function of the bucket), and
-returns for every token i the value of the distribution that predicts it, i.e. the logits at
-position i - 1: its entropy, or 1 - p(token i) with metric 'probability'.
-`segment_examples` then turns each response's values into group sizes with a strategy.
+`Scorer` (model/scoring.py) runs the base model, jitted, on batches of prompt+response sequences
+padded to a few length buckets (one compile per bucket), and returns for every token i the value
+of the distribution that predicts it, i.e. the logits at position i - 1: its entropy, or
+1 - p(token i) with metric 'probability'. `segment_examples` then turns each response's values
+into group sizes with a strategy.
 """
 
 from __future__ import annotations
 
-import collections
-import functools
 from typing import Callable, NamedTuple, Sequence
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from hamburger_jax.model.config import LlamaConfig
 from hamburger_jax.data.strategies import SegmentationConfig, group_sizes
 from hamburger_jax.data.tokenize import TokenizedExample
-from hamburger_jax.model.llama import LlamaModel
+from hamburger_jax.model.scoring import Scorer
 
 
 class SegmentedExample(NamedTuple):
@@ -28,108 +23,6 @@ class SegmentedExample(NamedTuple):
   tokens: np.ndarray
   prompt_length: int
   steps: np.ndarray
-
-
-def default_buckets(max_length: int, min_bucket: int = 32) -> tuple[int, ...]:
-  """32, 48, 64, 96, 128, 192, .. (powers of two and 1.5x between), up to >= max_length."""
-  buckets, p = [], min_bucket
-  while True:
-    for b in (p, p * 3 // 2):
-      buckets.append(b)
-      if b >= max_length:
-        return tuple(buckets)
-    p *= 2
-
-
-# Traces (= compiles) of `_token_values` so far, per (model config, metric).
-TRACES: collections.Counter = collections.Counter()
-
-
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def _token_values(cfg: LlamaConfig, metric: str, params, tokens, lengths):
-  """tokens [B, L], lengths [B] -> values [B, L]: value of token i from the logits at i - 1."""
-  TRACES[(cfg, metric)] += 1
-  seq = tokens.shape[1]
-  segment_ids = (jnp.arange(seq)[None, :] < lengths[:, None]).astype(jnp.int32)
-  logits = LlamaModel(cfg).apply({"params": params}, tokens, segment_ids=segment_ids).logits
-  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)      # [B, L, V]
-  if metric == "entropy":
-    v = -jnp.sum(jnp.exp(logp) * logp, axis=-1)[:, :-1]               # [B, L - 1]
-  else:
-    nxt = tokens[:, 1:, None]
-    v = 1.0 - jnp.exp(jnp.take_along_axis(logp[:, :-1], nxt, axis=-1)[..., 0])
-  return jnp.concatenate([jnp.zeros_like(v[:, :1]), v], axis=1)
-
-
-class Scorer:
-  """Per-token values of whole sequences under the base model (jitted, bucketed, batched)."""
-
-  def __init__(self, model_cfg: LlamaConfig, params, metric: str = "entropy",
-               buckets: Sequence[int] = (), max_length: int = 2048, tokens_per_batch: int = 8192,
-               max_rows: int = 256):
-    if metric not in ("entropy", "probability"):
-      raise ValueError(f"Unknown metric {metric!r}: use 'entropy' or 'probability'.")
-    self.model_cfg = model_cfg
-    self.params = params
-    self.buckets = tuple(sorted(buckets)) or default_buckets(max_length)
-    self.tokens_per_batch = tokens_per_batch
-    self.max_rows = max_rows
-    self.metric = metric
-
-  @property
-  def num_traces(self) -> int:
-    """Compiles so far for this model and metric (shared by Scorers): one per bucket."""
-    return TRACES[(self.model_cfg, self.metric)]
-
-  def bucket(self, length: int) -> int:
-    for b in self.buckets:
-      if length <= b:
-        return b
-    raise ValueError(f"A sequence of {length} tokens exceeds the largest bucket "
-                     f"{self.buckets[-1]}: raise max_length / pass larger buckets.")
-
-  def rows(self, bucket: int) -> int:
-    """Rows per batch for a bucket: the largest power of two within the token budget."""
-    n = max(1, min(self.max_rows, self.tokens_per_batch // bucket))
-    return 1 << (n.bit_length() - 1)
-
-  def _batches(self, seqs: Sequence[np.ndarray]):
-    by_bucket: dict[int, list[int]] = collections.defaultdict(list)
-    for i, s in enumerate(seqs):
-      by_bucket[self.bucket(len(s))].append(i)
-    for b in sorted(by_bucket):
-      idx, rows = by_bucket[b], self.rows(b)
-      for start in range(0, len(idx), rows):
-        members = idx[start:start + rows]
-        tokens = np.zeros((rows, b), np.int32)
-        lengths = np.zeros((rows,), np.int32)
-        for r, i in enumerate(members):
-          tokens[r, :len(seqs[i])] = seqs[i]
-          lengths[r] = len(seqs[i])
-        yield members, tokens, lengths
-
-  def score(self, seqs: Sequence[np.ndarray],
-            on_batch: Callable[[int], None] | None = None) -> list[np.ndarray]:
-    """Sequences (int [L_i]) -> values (float32 [L_i]; entry 0 is 0, it has no predictor)."""
-    out: list[np.ndarray | None] = [None] * len(seqs)
-
-    def collect(members, values):
-      values = np.asarray(values)
-      for r, i in enumerate(members):
-        out[i] = values[r, :len(seqs[i])]
-      if on_batch is not None:
-        on_batch(len(members))
-
-    pending = None
-    for members, tokens, lengths in self._batches(seqs):
-      # Dispatched asynchronously: the device works while the host builds the next batch.
-      result = _token_values(self.model_cfg, self.metric, self.params, tokens, lengths)
-      if pending is not None:
-        collect(*pending)
-      pending = (members, result)
-    if pending is not None:
-      collect(*pending)
-    return out
 
 
 def segment_examples(examples: Sequence[TokenizedExample], scorer: Scorer, cfg: SegmentationConfig,

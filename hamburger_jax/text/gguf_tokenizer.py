@@ -21,6 +21,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_token
 
 from hamburger_jax.convert.errors import CheckpointError
 from hamburger_jax.convert.gguf import gguf_field, gguf_special_ids, open_gguf
+from hamburger_jax.text import chat
 
 # llama.cpp's token types (gguf.TokenType).
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = range(
@@ -134,35 +135,16 @@ def save_tokenizer(tok: Tokenizer, info: dict, directory: str | os.PathLike) -> 
   return path
 
 
-def _as_messages(messages_or_prompt: str | Sequence[dict[str, str]]) -> list[dict[str, str]]:
-  if isinstance(messages_or_prompt, str):
-    return [{"role": "user", "content": messages_or_prompt}]
-  messages = [dict(m) for m in messages_or_prompt]
-  for m in messages:
-    if not {"role", "content"} <= set(m):
-      raise ValueError(f"A chat message needs 'role' and 'content' keys; got {sorted(m)}.")
-  return messages
-
-
 def apply_chatml(messages_or_prompt: str | Sequence[dict[str, str]],
                  default_system: str | None = SMOLLM2_SYSTEM_PROMPT,
                  add_generation_prompt: bool = True) -> str:
-  """Renders ChatML as SmolLM2-Instruct's chat template does.
+  """Renders ChatML as SmolLM2-Instruct's chat template does (text/chat.py's "chatml" format).
 
-  A str is one user message. When the first message is not a system message, a system message
-  with `default_system` is put first (skip that with default_system=None). Each message becomes
-  "<|im_start|>{role}\\n{content}<|im_end|>\\n"; the generation prompt is
-  "<|im_start|>assistant\\n".
+  A str is one user message. When no message is a system message, one with `default_system` is
+  put first (skip that with default_system=None).
   """
-  messages = _as_messages(messages_or_prompt)
-  out = []
-  if default_system is not None and (not messages or messages[0]["role"] != "system"):
-    out.append(f"<|im_start|>system\n{default_system}<|im_end|>\n")
-  for m in messages:
-    out.append(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n")
-  if add_generation_prompt:
-    out.append("<|im_start|>assistant\n")
-  return "".join(out)
+  return chat.render_text(chat.chat_parts("chatml", messages_or_prompt, system=default_system,
+                                          generation_prompt=add_generation_prompt))
 
 
 def render_chat_template(template: str, messages_or_prompt: str | Sequence[dict[str, str]],
@@ -180,5 +162,5 @@ def render_chat_template(template: str, messages_or_prompt: str | Sequence[dict[
 
   env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
   env.globals["raise_exception"] = raise_exception
-  return env.from_string(template).render(messages=_as_messages(messages_or_prompt),
+  return env.from_string(template).render(messages=chat.as_messages(messages_or_prompt),
                                           add_generation_prompt=add_generation_prompt, **extra)

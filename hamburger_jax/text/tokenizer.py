@@ -1,8 +1,8 @@
 """A thin wrapper around a `tokenizers` tokenizer.json: encode (optionally as a chat turn), decode,
 stream text out of growing token lists, and the extra stop ids of chat models.
 
-Chat templates are detected from the vocabulary: Llama-3 header tokens (`<|start_header_id|>`,
-`<|end_header_id|>`, `<|eot_id|>`) or ChatML (`<|im_start|>`, `<|im_end|>`).
+Chat templates (text/chat.py) are detected from the vocabulary: Llama-3 header tokens
+(`<|start_header_id|>`, `<|end_header_id|>`, `<|eot_id|>`) or ChatML (`<|im_start|>`, `<|im_end|>`).
 """
 
 from __future__ import annotations
@@ -10,10 +10,7 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
-_LLAMA3 = ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
-_CHATML = ("<|im_start|>", "<|im_end|>")
-_STOP_TOKENS = {"llama3": ("<|eot_id|>", "<|eom_id|>", "<|end_of_text|>"),
-                "chatml": ("<|im_end|>", "<|endoftext|>")}
+from hamburger_jax.text import chat as templates
 
 
 class TokenizerError(ValueError):
@@ -44,38 +41,38 @@ class Tokenizer:
   @property
   def chat_format(self) -> str | None:
     """"llama3", "chatml" or None, from the special tokens in the vocabulary."""
-    if all(t in self.vocab for t in _LLAMA3):
-      return "llama3"
-    if all(t in self.vocab for t in _CHATML):
-      return "chatml"
-    return None
+    return templates.detect_format(self.vocab)
 
   def stop_ids(self, chat: bool) -> list[int]:
     """End-of-turn ids to stop on in chat mode (none otherwise)."""
     if not chat or self.chat_format is None:
       return []
-    return [self.vocab[t] for t in _STOP_TOKENS[self.chat_format] if t in self.vocab]
+    return [self.vocab[t] for t in templates.STOP_TOKENS[self.chat_format] if t in self.vocab]
 
-  def chat_prompt(self, text: str, system: str | None = None) -> str:
-    """The model's chat template around one user turn, ending where the assistant speaks."""
+  def chat_parts(self, prompt: str | templates.Messages, system: str | None = None) -> list[str]:
+    """The model's chat template around the conversation, ending where the assistant speaks."""
     fmt = self.chat_format
-    if fmt == "llama3":
-      bos = "<|begin_of_text|>" if "<|begin_of_text|>" in self.vocab else ""
-      turn = lambda role, body: f"<|start_header_id|>{role}<|end_header_id|>\n\n{body}<|eot_id|>"
-      head = turn("system", system) if system else ""
-      return f"{bos}{head}{turn('user', text)}<|start_header_id|>assistant<|end_header_id|>\n\n"
-    if fmt == "chatml":
-      head = f"<|im_start|>system\n{system}<|im_end|>\n" if system else ""
-      return f"{head}<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
-    raise TokenizerError(f"{self.path} has neither Llama-3 header tokens nor ChatML tokens: "
-                         "drop --chat to use the prompt as plain text.")
+    if fmt is None:
+      raise TokenizerError(f"{self.path} has neither Llama-3 header tokens nor ChatML tokens: "
+                           "drop --chat to use the prompt as plain text.")
+    bos = "<|begin_of_text|>" if fmt == "llama3" and "<|begin_of_text|>" in self.vocab else None
+    try:
+      return templates.chat_parts(fmt, prompt, system=system, bos=bos)
+    except ValueError as e:
+      raise TokenizerError(str(e)) from e
 
-  def encode(self, text: str, chat: bool = False, system: str | None = None) -> list[int]:
+  def chat_prompt(self, prompt: str | templates.Messages, system: str | None = None) -> str:
+    """The chat template as text (special tokens written out)."""
+    return templates.render_text(self.chat_parts(prompt, system))
+
+  def encode(self, prompt: str | templates.Messages, chat: bool = False,
+             system: str | None = None) -> list[int]:
     """Text -> ids. Plain text gets the tokenizer's own special tokens (e.g. BOS); a chat prompt
-    carries them in its template."""
-    if chat:
-      return self._tok.encode(self.chat_prompt(text, system), add_special_tokens=False).ids
-    return self._tok.encode(text, add_special_tokens=True).ids
+    (a str or a list of {"role", "content"} messages) carries them in its template, inserted by
+    id: special-token strings inside message text stay text."""
+    if not chat:
+      return self._tok.encode(prompt, add_special_tokens=True).ids
+    return _chat_ids(self._tok, self.chat_parts(prompt, system))
 
   def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
     return self._tok.decode(list(ids), skip_special_tokens=skip_special)
@@ -96,3 +93,14 @@ class TextStream:
     new = text[self.printed:]
     self.printed = max(self.printed, len(text))
     return new
+
+
+def _chat_ids(tok, parts: Sequence[str]) -> list[int]:
+  """Template parts -> ids with `tok` (a tokenizers.Tokenizer); text runs never parse specials."""
+  previous = tok.encode_special_tokens
+  tok.encode_special_tokens = True
+  try:
+    return templates.encode_parts(parts, lambda t: tok.encode(t, add_special_tokens=False).ids,
+                             tok.token_to_id)
+  finally:
+    tok.encode_special_tokens = previous

@@ -2,11 +2,15 @@
 
     cfg = model_config(config)       # frozen HamburgerConfig from model.preset + overrides
     validate_config(config)          # ValueError naming the field, before anything compiles
+    config = load_config_file("configs/smollm2.py")   # get_config() of a config file, from Python
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import os
+import sys
 
 import jax
 
@@ -72,3 +76,21 @@ def validate_config(config, num_devices: int | None = None) -> None:
 
 def eval_rows(config) -> int:
   return config.eval.batch_size or config.data.batch_size // config.optim.grad_accum_steps
+
+
+
+def load_config_file(path: str):
+  """The `get_config()` of a configs/*.py file (as train.py's --config reads it), from Python.
+
+  The file's directory parent goes on sys.path so that `from configs import default` resolves.
+  """
+  path = os.path.abspath(path)
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"No config file {path}: pass a configs/*.py file.")
+  root = os.path.dirname(os.path.dirname(path))
+  if root not in sys.path:
+    sys.path.insert(0, root)
+  spec = importlib.util.spec_from_file_location(f"_config_{abs(hash(path))}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()

@@ -10,7 +10,7 @@ import tensorflow_datasets as tfds
 
 from hamburger_jax.data import builder, prepare as prepare_lib
 from hamburger_jax.data.prepare import PrepareConfig, prepare_dataset as prepare
-from hamburger_jax.data.segmentation import Scorer
+from hamburger_jax.model.scoring import Scorer
 from hamburger_jax.data.sources import DataError, SourceConfig
 from hamburger_jax.data.strategies import SegmentationConfig, group_sizes
 from hamburger_jax.data.tokenize import ChatTokenizer, TokenizeConfig

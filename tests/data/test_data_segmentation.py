@@ -6,8 +6,8 @@ import jax
 import numpy as np
 import pytest
 
-from hamburger_jax.data.segmentation import (Scorer, SegmentedExample, default_buckets,
-                                             segment_examples, unit_segments)
+from hamburger_jax.data.segmentation import SegmentedExample, segment_examples, unit_segments
+from hamburger_jax.model.scoring import Scorer, default_buckets
 from hamburger_jax.data.stats import SegmentStats
 from hamburger_jax.data.strategies import SegmentationConfig, group_sizes
 from hamburger_jax.data.tokenize import TokenizedExample
