@@ -1,0 +1,113 @@
+"""Distillation speed: SmolLM2 base-mode batched greedy decoding, tokens/s by batch size.
+
+    python benchmarks/distill_speed.py                         # batch 1, 8, 32 on 32 prompts
+    python benchmarks/distill_speed.py --batch_sizes 32,64 --num_prompts 64
+
+Decodes like the recipe's distill step (hamburger_jax.recipes.smollm2.step_distill): the GGUF
+base in float32, ChatML with SmolLM2's default system prompt, one Sampler with a prefill bucket
+of --max_prompt_tokens, greedy, stopping at EOS or --max_new_tokens. The prompts are a balanced
+pick of hamburger_jax.recipes.broad_prompts, sorted by token length (less padding). Reported per
+batch size: answer tokens (EOS excluded), seconds of prefill and decode loop (compile excluded,
+and reported apart), tokens/s over prefill + decode, and row efficiency: answer tokens / (rows x
+loop steps), the share of the batch's work that was not spent on rows already finished.
+Writes --out (JSON) and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from report import markdown_table, write_json  # noqa: E402
+
+from hamburger_jax.gguf_tokenizer import apply_chatml  # noqa: E402
+from hamburger_jax.recipes import broad_prompts  # noqa: E402
+from hamburger_jax.recipes.smollm2 import SYSTEM_PROMPT, load_base, write_tokenizer  # noqa: E402
+
+
+def encoded_prompts(tok, n: int, max_prompt_tokens: int) -> list[list[int]]:
+  """n training prompts (kinds balanced, fixed seed) as ChatML token ids, shortest first."""
+  train = [p for p in broad_prompts.broad_prompts() if p["split"] == "train"]
+  chosen = broad_prompts.balanced(train, 4 * n, random.Random(0))
+  ids = [tok.encode(apply_chatml(p["prompt"], default_system=SYSTEM_PROMPT),
+                    add_special_tokens=False).ids for p in chosen]
+  return sorted([x for x in ids if len(x) <= max_prompt_tokens][:n], key=len)
+
+
+def run_batch_size(sampler, prompts, batch_size: int, max_new_tokens: int, eos) -> dict:
+  tokens = steps = rows = 0
+  prefill_s = decode_s = compile_s = 0.0
+  t0 = time.perf_counter()
+  for i in range(0, len(prompts), batch_size):
+    chunk = prompts[i:i + batch_size]
+    result = sampler.decode(chunk, max_new_tokens=max_new_tokens)
+    lengths = [len([t for t in ids if t not in eos]) for ids in result.tokens]
+    tokens += sum(lengths)
+    steps += result.iterations
+    rows += len(chunk)
+    prefill_s, decode_s = prefill_s + result.prefill_s, decode_s + result.decode_s
+    compile_s += result.compile_s
+  return {"batch_size": batch_size, "prompts": rows, "batches": -(-rows // batch_size),
+          "answer_tokens": tokens, "prefill_s": round(prefill_s, 2),
+          "decode_s": round(decode_s, 2), "compile_s": round(compile_s, 2),
+          "wall_s": round(time.perf_counter() - t0, 2),
+          "tokens_per_s": round(tokens / (prefill_s + decode_s), 1),
+          "row_efficiency": round(tokens / (steps * batch_size), 3)}
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--batch_sizes", default="1,8,32")
+  parser.add_argument("--num_prompts", type=int, default=32)
+  parser.add_argument("--max_new_tokens", type=int, default=96)
+  parser.add_argument("--max_prompt_tokens", type=int, default=128)
+  parser.add_argument("--workdir", default=os.path.join(os.path.expanduser("~"), ".cache",
+                                                        "hamburger_jax", "smollm2"),
+                      help="where SmolLM2's tokenizer.json is (re)built")
+  parser.add_argument("--out", default="docs/distill_speed.json")
+  parser.add_argument("--machine", default="", help="a note on the machine, kept in the JSON")
+  args = parser.parse_args(argv)
+  batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b]
+  if not batch_sizes or min(batch_sizes) < 1 or args.num_prompts < 1:
+    parser.error("--batch_sizes and --num_prompts must be positive")
+
+  import jax
+  from tokenizers import Tokenizer
+  from hamburger_jax.sampler import Sampler
+  os.makedirs(args.workdir, exist_ok=True)
+  tok = Tokenizer.from_file(write_tokenizer(args.workdir))
+  prompts = encoded_prompts(tok, args.num_prompts, args.max_prompt_tokens)
+  cfg, params = load_base()
+  sampler = Sampler(cfg, params, cache_length=args.max_prompt_tokens + args.max_new_tokens,
+                    out_length=args.max_new_tokens, min_prompt_bucket=args.max_prompt_tokens)
+  rows = []
+  for b in batch_sizes:
+    rows.append(run_batch_size(sampler, prompts, b, args.max_new_tokens, set(cfg.eos_token_ids)))
+    print(json.dumps(rows[-1]), flush=True)
+  report = {
+      "benchmark": "distill_speed", "model": "SmolLM2-135M-Instruct (GGUF Q4_1 -> float32)",
+      "max_new_tokens": args.max_new_tokens, "max_prompt_tokens": args.max_prompt_tokens,
+      "prompt_tokens": [len(p) for p in prompts],
+      "machine": {"note": args.machine, "backend": jax.default_backend(),
+                  "cpu_count": os.cpu_count(), "platform": platform.platform(),
+                  "processor": platform.processor(), "jax": jax.__version__,
+                  "load_average_1_5_15min_at_end": os.getloadavg()},
+      "results": rows, "best_batch_size": max(rows, key=lambda r: r["tokens_per_s"])["batch_size"]}
+  os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+  write_json(report, args.out)
+  keys = ("batch_size", "prompts", "answer_tokens", "prefill_s", "decode_s", "compile_s",
+          "tokens_per_s", "row_efficiency")
+  print("\n" + markdown_table(keys, [[r[k] for k in keys] for r in rows]))
+  print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+  main()
