@@ -28,7 +28,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from report import markdown_table, write_json  # noqa: E402
 
-from hamburger_jax.gguf_tokenizer import apply_chatml  # noqa: E402
 from hamburger_jax.recipes import broad_prompts  # noqa: E402
 from hamburger_jax.recipes.smollm2 import SYSTEM_PROMPT, load_base, write_tokenizer  # noqa: E402
 
@@ -37,8 +36,7 @@ def encoded_prompts(tok, n: int, max_prompt_tokens: int) -> list[list[int]]:
   """n training prompts (kinds balanced, fixed seed) as ChatML token ids, shortest first."""
   train = [p for p in broad_prompts.broad_prompts() if p["split"] == "train"]
   chosen = broad_prompts.balanced(train, 4 * n, random.Random(0))
-  ids = [tok.encode(apply_chatml(p["prompt"], default_system=SYSTEM_PROMPT),
-                    add_special_tokens=False).ids for p in chosen]
+  ids = [tok.encode(p["prompt"], chat=True, system=SYSTEM_PROMPT) for p in chosen]
   return sorted([x for x in ids if len(x) <= max_prompt_tokens][:n], key=len)
 
 
@@ -80,10 +78,10 @@ def main(argv=None):
     parser.error("--batch_sizes and --num_prompts must be positive")
 
   import jax
-  from tokenizers import Tokenizer
-  from hamburger_jax.sampler import Sampler
+  from hamburger_jax.text.tokenizer import Tokenizer
+  from hamburger_jax.decode.sampler import Sampler
   os.makedirs(args.workdir, exist_ok=True)
-  tok = Tokenizer.from_file(write_tokenizer(args.workdir))
+  tok = Tokenizer(write_tokenizer(args.workdir))
   prompts = encoded_prompts(tok, args.num_prompts, args.max_prompt_tokens)
   cfg, params = load_base()
   sampler = Sampler(cfg, params, cache_length=args.max_prompt_tokens + args.max_new_tokens,

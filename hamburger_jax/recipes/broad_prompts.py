@@ -254,13 +254,11 @@ def distill_order(prompts: list[dict], rng: random.Random, block: int = 512) -> 
 
 def fitting(prompts: list[dict], max_tokens: int) -> list[dict]:
   """The prompts of at most max_tokens SmolLM2 tokens in ChatML with the default system prompt."""
-  from tokenizers import Tokenizer
-  from hamburger_jax.gguf_tokenizer import apply_chatml
   from hamburger_jax.recipes import smollm2
-  tok = Tokenizer.from_file(os.path.join(smollm2.cached_tokenizer_dir(), "tokenizer.json"))
-  texts = [apply_chatml(p["prompt"], default_system=smollm2.SYSTEM_PROMPT) for p in prompts]
-  encoded = tok.encode_batch(texts, add_special_tokens=False) if texts else []
-  return [p for p, e in zip(prompts, encoded) if len(e.ids) <= max_tokens]
+  from hamburger_jax.text.tokenizer import Tokenizer
+  tok = Tokenizer(smollm2.cached_tokenizer_dir())
+  return [p for p in prompts
+          if len(tok.encode(p["prompt"], chat=True, system=smollm2.SYSTEM_PROMPT)) <= max_tokens]
 
 
 def stdlib_records() -> list[dict]:
