@@ -46,78 +46,43 @@ def _check_steps(max_steps: int) -> None:
     raise ValueError(f"max_steps must be >= 1, got {max_steps}.")
 
 
+def _cut(values: Sequence[float], max_steps: int,
+         joins: Callable[[float, list[float]], bool]) -> list[int]:
+  """Group sizes: a value joins the open group while the group has room and `joins(v, group)`."""
+  _check_steps(max_steps)
+  sizes: list[int] = []
+  group: list[float] = []
+  for v in values:
+    if group and len(group) < max_steps and joins(v, group):
+      group.append(v)
+    else:
+      if group:
+        sizes.append(len(group))
+      group = [v]
+  if group:
+    sizes.append(len(group))
+  return sizes
+
+
 def group_decreasing_v2(values: Sequence[float], max_steps: int, min_value: float = 0.05,
                         ratio: float = 0.3) -> list[int]:
   """Groups led by their largest value; all-small runs also merge (the released model's rule)."""
-  _check_steps(max_steps)
-  sizes: list[int] = []
-  count, group_max = 0, -1.0
-  for v in values:
-    if count and count < max_steps and (v < min_value or v < ratio * group_max):
-      count += 1
-      group_max = max(group_max, v)
-    else:
-      if count:
-        sizes.append(count)
-      count, group_max = 1, v
-  if count:
-    sizes.append(count)
-  return sizes
+  return _cut(values, max_steps, lambda v, g: v < min_value or v < ratio * max(g))
 
 
 def group_decreasing(values: Sequence[float], max_steps: int, ratio: float = 0.3) -> list[int]:
   """A new group starts when v > ratio * (first value of the open group) or the group is full."""
-  _check_steps(max_steps)
-  sizes: list[int] = []
-  count, first = 0, 0.0
-  for v in values:
-    if count == 0 or v > ratio * first or count >= max_steps:
-      if count:
-        sizes.append(count)
-      count, first = 1, v
-    else:
-      count += 1
-  if count:
-    sizes.append(count)
-  return sizes
+  return _cut(values, max_steps, lambda v, g: not v > ratio * g[0])
 
 
 def group_sliding(values: Sequence[float], max_steps: int, threshold: float) -> list[int]:
   """A token joins the open group while v < threshold and the group is not full."""
-  _check_steps(max_steps)
-  sizes: list[int] = []
-  count = 0
-  for v in values:
-    if count and count < max_steps and v < threshold:
-      count += 1
-    else:
-      if count:
-        sizes.append(count)
-      count = 1
-  if count:
-    sizes.append(count)
-  return sizes
+  return _cut(values, max_steps, lambda v, g: v < threshold)
 
 
 def group_small_group(values: Sequence[float], max_steps: int, threshold: float) -> list[int]:
   """Tokens above the threshold stand alone; the others fill groups of up to S."""
-  _check_steps(max_steps)
-  sizes: list[int] = []
-  count = 0
-  for v in values:
-    if v > threshold:
-      if count:
-        sizes.append(count)
-        count = 0
-      sizes.append(1)
-    else:
-      if count == max_steps:
-        sizes.append(count)
-        count = 0
-      count += 1
-  if count:
-    sizes.append(count)
-  return sizes
+  return _cut(values, max_steps, lambda v, g: v <= threshold and g[-1] <= threshold)
 
 
 @dataclasses.dataclass(frozen=True)
