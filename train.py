@@ -13,6 +13,7 @@ Unusable settings, inputs or checkpoints, a diverged run and a full disk exit wi
 
 import errno
 import logging as py_logging
+import os
 import sys
 
 from absl import app, flags, logging
@@ -36,10 +37,23 @@ _WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EAC
 
 
 class _QuietLibraries(py_logging.Filter):
-  """Drops orbax's per-save INFO lines (they would bury the progress bar); keeps warnings."""
+  """Drops orbax's per-save INFO lines (they would bury the progress bar) and the tracebacks its
+  background save threads log (the same error reaches the main thread, which reports it)."""
 
   def filter(self, record):
-    return record.levelno >= py_logging.WARNING or "orbax" not in record.pathname
+    if "orbax" not in record.pathname:
+      return True
+    return record.levelno >= py_logging.WARNING and not record.exc_info
+
+
+def _quiet_closed_loops() -> None:
+  """After a failed async write, tensorstore's pending callbacks hit orbax's closed asyncio loop
+  and each prints a 'RuntimeError: Event loop is closed' traceback: drop those, keep the rest."""
+  def closed_loop(exc) -> bool:
+    return isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"
+  previous = sys.excepthook, sys.unraisablehook
+  sys.excepthook = lambda t, e, tb: None if closed_loop(e) else previous[0](t, e, tb)
+  sys.unraisablehook = lambda u: None if closed_loop(u.exc_value) else previous[1](u)
 
 
 def _fail(message) -> None:
@@ -69,21 +83,29 @@ def _parse_flags(argv):
     _fail(_config_override_error(e, argv))
 
 
-def _is_write_error(e: BaseException) -> bool:
-  """An OSError of a full disk / read-only place, also when wrapped by orbax or tensorstore."""
+def _write_error(e: BaseException) -> str | None:
+  """The reason of a full disk / read-only place (also wrapped by orbax or tensorstore), else None."""
   while e is not None:
     if isinstance(e, OSError) and e.errno in _WRITE_ERRNOS:
-      return True
-    if any(s in str(e) for s in ("No space left", "Disk quota", "File too large", "Read-only")):
-      return True
+      return e.strerror or os.strerror(e.errno)
+    found = [os.strerror(n) for n in _WRITE_ERRNOS if os.strerror(n) in str(e)]
+    if found:
+      return found[0]
     e = e.__cause__ or e.__context__
-  return False
+  return None
+
+
+def _last_saved_step(workdir: str) -> str:
+  d = os.path.join(workdir, "checkpoints")
+  steps = sorted(int(n) for n in os.listdir(d) if n.isdigit()) if os.path.isdir(d) else []
+  return f"step {steps[-1]}" if steps else "none"
 
 
 def main(argv):
   if len(argv) > 1:
     _fail(f"Unexpected arguments: {argv[1:]} (settings are --config.FIELD=VALUE).")
   logging.get_absl_handler().addFilter(_QuietLibraries())
+  _quiet_closed_loops()
   try:
     validate_config(FLAGS.config)          # before the config is logged: errors stay one line
     check_workdir(FLAGS.workdir)
@@ -95,10 +117,11 @@ def main(argv):
   except _CLEAR_ERRORS as e:
     _fail(e)
   except Exception as e:  # a full disk surfaces as OSError or as orbax's / tensorstore's errors
-    if not _is_write_error(e):
+    reason = _write_error(e)
+    if reason is None:
       raise
-    _fail(f"cannot write to {FLAGS.workdir}: {str(e).splitlines()[0][:300]}. Free space (or "
-          "use another --workdir) and rerun: training resumes from the last complete checkpoint.")
+    _fail(f"cannot write to {FLAGS.workdir}: {reason}. Free space (or use another --workdir) and "
+          f"rerun to resume from the last complete checkpoint ({_last_saved_step(FLAGS.workdir)}).")
 
 
 if __name__ == "__main__":

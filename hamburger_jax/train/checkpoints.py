@@ -216,6 +216,15 @@ class Checkpointer:
     self.wait()
     self.manager.close()
 
+  def finish_after_error(self) -> None:
+    """Lets a save in flight complete (a good step is not lost); its own failure (a full disk) is
+    logged, not raised over the error being handled. The manager stays open: closing it under
+    failed background writes makes tensorstore print tracebacks."""
+    try:
+      self.wait()
+    except Exception as e:  # the error in flight is the one that matters
+      logging.warning("The checkpoint save in progress failed too: %s", _first_line(e))
+
 
 def _shapes(tree) -> dict[str, tuple]:
   return {jax.tree_util.keystr(p): tuple(x.shape)

@@ -114,8 +114,10 @@ def train_and_evaluate(config, workdir: str) -> TrainState:
     ckpt.wait()
     if c_cfg.export:
       checkpoints.export_params(os.path.join(workdir, "export"), config.mode, cfg, state.params)
-  finally:
-    ckpt.close()
+  except BaseException:
+    ckpt.finish_after_error()
+    raise
+  ckpt.close()
   return state
 
 
