@@ -125,7 +125,7 @@ class _TTY(io.StringIO):
     (dict(prompt="1,2,3,4,5,6", cache_length=4), "KV buffer holds 4 slots"),
     (dict(prompt="1,5", confidence=0.0), "--confidence must be in (0, 1]"),
     (dict(prompt="1,5", confidence=1.01), "--confidence must be in (0, 1]"),
-    (dict(prompt="1,5", max_new_tokens=0), "--max_new_tokens must be >= 1"),
+    (dict(prompt="1,5", max_new_tokens=0), "--max_new_tokens must be in 1..1048576"),
     (dict(prompt="1,256"), "token id 256 outside the vocabulary (0..255)"),
     (dict(prompt="1,5", token_ids=False), "No tokenizer"),
     (dict(prompt="1,5", token_ids=False, tokenizer="/nonexistent/tokenizer.json"),

@@ -10,6 +10,7 @@ import jax
 import numpy as np
 
 from hamburger_jax.model.config import LlamaConfig
+from hamburger_jax.convert.agreement import check_hf_config
 from hamburger_jax.convert.errors import CheckpointError
 from hamburger_jax.convert.safetensors_io import read_safetensors, write_safetensors
 from hamburger_jax.convert.tree_map import export_from_tree, llama_map, load_into_tree
@@ -48,11 +49,18 @@ def load_hf_llama(directory: str, **config_overrides) -> tuple[LlamaConfig, dict
   """HF Llama directory -> (LlamaConfig, base params tree of numpy arrays)."""
   if not os.path.isdir(directory):
     raise CheckpointError(f"No such directory: {directory} (expected an HF Llama model directory).")
+  check_hf_config(os.path.join(directory, "config.json"))
   cfg = LlamaConfig.from_hf_json(os.path.join(directory, "config.json"), **config_overrides)
   tensors = read_hf_tensors(directory)
   abstract = jax.eval_shape(lambda: init_llama_params(cfg, jax.random.PRNGKey(0)))
+
+  def ignore(key: str) -> bool:   # RoPE buffers; an lm_head equal to the tied embedding
+    if key.endswith("rotary_emb.inv_freq"):
+      return True
+    return (key == "lm_head.weight" and cfg.tie_word_embeddings
+            and np.array_equal(tensors[key], tensors.get("model.embed_tokens.weight")))
   params = load_into_tree(llama_map(cfg, "", ()), tensors.__getitem__, set(tensors), abstract,
-                          source=directory)
+                          source=directory, ignore=ignore)
   return cfg, params
 
 

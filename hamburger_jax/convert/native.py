@@ -15,6 +15,7 @@ import jax
 import numpy as np
 
 from hamburger_jax.model.config import HamburgerConfig, LlamaConfig
+from hamburger_jax.convert import agreement
 from hamburger_jax.convert.errors import CheckpointError
 from hamburger_jax.convert.safetensors_io import read_safetensors, write_safetensors
 from hamburger_jax.convert.tree_map import is_float_dtype
@@ -64,8 +65,15 @@ def load_hamburger_config(directory: str) -> HamburgerConfig:
     raise CheckpointError(f"{directory} has no {CONFIG_FILE}: not a hamburger_jax export.")
   try:
     with open(path) as f:
-      return HamburgerConfig.from_dict(json.load(f))
-  except (json.JSONDecodeError, TypeError, ValueError) as e:
+      d = json.load(f)
+    if not isinstance(d, dict) or not isinstance(d.get("base"), dict):
+      raise CheckpointError(f"{path} is not a valid HAMburger config (no 'base' object).")
+    agreement.check_config_types(HamburgerConfig, d, path)
+    agreement.check_config_types(LlamaConfig, d["base"], f"{path} (base)")
+    return HamburgerConfig.from_dict(d)
+  except CheckpointError:
+    raise
+  except (json.JSONDecodeError, UnicodeDecodeError, TypeError, ValueError) as e:
     raise CheckpointError(f"{path} is not a valid HAMburger config ({e}).") from e
 
 
@@ -81,9 +89,12 @@ def load_hamburger(directory: str, base_params=None, **dtype_overrides) -> tuple
   abstract = flatten_abstract(cfg)
   missing = sorted(set(abstract) - set(flat))
   if missing:
-    hint = " (a grafted-only export: pass the base model's params)" if all(
-        k.startswith("base/") for k in missing) else ""
-    raise CheckpointError(f"{directory} lacks {missing[:5]}{hint}.")
+    grafted_only = not any(k.startswith("base/") for k in flat)
+    hint = (" (a grafted-only export: pass the base model's params)" if grafted_only else
+            agreement.layer_mismatch(abstract, flat))
+    raise CheckpointError(f"{directory} lacks {missing[:5]}{hint}: its config and weights "
+                          "disagree.")
+  agreement.check_unused(set(flat) - set(abstract), directory, abstract, flat)
   out = {}
   for key, spec in abstract.items():
     arr = flat[key]
@@ -106,8 +117,15 @@ def load_model(path: str, base_config: str | LlamaConfig | None = None):
   """Opens any supported checkpoint -> (kind, config, params).
 
   kind: "hamburger" (this project's export or an original checkpoint, config HamburgerConfig) or
-  "llama" (an HF Llama directory, config LlamaConfig: base-model decoding only).
+  "llama" (an HF Llama directory, config LlamaConfig: base-model decoding only). Every weight
+  must be finite (a CheckpointError names the first that is not).
   """
+  kind, cfg, params = _open_model(path, base_config)
+  agreement.check_finite(flatten(params), path)
+  return kind, cfg, params
+
+
+def _open_model(path: str, base_config):
   from hamburger_jax.convert.hf_llama import load_hf_llama
   from hamburger_jax.convert.original import load_original
   if not os.path.exists(path):

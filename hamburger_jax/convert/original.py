@@ -9,6 +9,7 @@ import jax
 import numpy as np
 
 from hamburger_jax.model.config import HamburgerConfig, LlamaConfig
+from hamburger_jax.convert.agreement import check_hf_config
 from hamburger_jax.convert.errors import CheckpointError
 from hamburger_jax.convert.safetensors_io import read_safetensors
 from hamburger_jax.convert.tree_map import KeyMap, decoder_layer_map, llama_map, load_into_tree
@@ -33,6 +34,21 @@ def original_key_map(cfg: HamburgerConfig) -> KeyMap:
       out[f"micro_step_decoder.stop_head.{torch_index}.{kind}"] = (
           ("micro_decoder", "stop_head", f"dense_{i}", leaf), t)
   return out
+
+
+_MODEL_PREFIXES = ("model.", "comp_embedder.", "micro_step_decoder.")
+_TIED = {"model.lm_head.weight": "model.model.embed_tokens.weight",
+         "comp_embedder.embedding.weight": "model.model.embed_tokens.weight"}
+
+
+def _ignorable(tensors: dict[str, np.ndarray]):
+  """Unused entries that are fine: non-model state (optimizer, ...), RoPE buffers, tied copies."""
+  def ignore(key: str) -> bool:
+    if not key.startswith(_MODEL_PREFIXES) or key.endswith("rotary_emb.inv_freq"):
+      return True
+    tied = _TIED.get(key)
+    return tied in tensors and np.array_equal(tensors[key], tensors[tied])
+  return ignore
 
 
 def _read_ckpt(path: str) -> tuple[dict[str, np.ndarray], dict]:
@@ -76,12 +92,14 @@ def load_original(path: str, base_config: LlamaConfig | str,
                   **hamburger_overrides) -> tuple[HamburgerConfig, dict]:
   """An original checkpoint (+ the base model's config) -> (HamburgerConfig, params).
 
-  `base_config` is a LlamaConfig or the path of the base model's HF `config.json`. Optimizer state
-  and other extra entries are ignored; every tensor is cast to the parameter dtype.
+  `base_config` is a LlamaConfig or the path of the base model's HF `config.json`. Entries outside
+  the model (optimizer state, ...) and tied copies are ignored; any other tensor the config has no
+  place for is a CheckpointError. Every tensor is cast to the parameter dtype.
   """
   if not os.path.isfile(path):
     raise CheckpointError(f"No such checkpoint file: {path}.")
   if isinstance(base_config, (str, os.PathLike)):
+    check_hf_config(os.fspath(base_config))
     base_config = LlamaConfig.from_hf_json(base_config)
   if path.endswith(".safetensors"):
     tensors, hyper = _read_safetensors(path), {}
@@ -92,5 +110,5 @@ def load_original(path: str, base_config: LlamaConfig | str,
   cfg = HamburgerConfig(base=base_config, **hamburger_overrides)
   abstract = jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0)))
   params = load_into_tree(original_key_map(cfg), tensors.__getitem__, set(tensors), abstract,
-                          source=path)
+                          source=path, ignore=_ignorable(tensors))
   return cfg, params

@@ -12,6 +12,7 @@ import jax
 import ml_dtypes
 import numpy as np
 
+from hamburger_jax.convert import agreement
 from hamburger_jax.convert.errors import CheckpointError
 
 KeyMap = dict[str, tuple[tuple[str, ...], bool]]
@@ -66,17 +67,22 @@ def is_float_dtype(dtype) -> bool:
 
 
 def load_into_tree(key_map: KeyMap, get_tensor: Callable[[str], np.ndarray], available: set[str],
-                   abstract_params, source: str):
+                   abstract_params, source: str, ignore: Callable[[str], bool] | None = None):
   """Fills a params tree shaped like `abstract_params` (ShapeDtypeStructs) from torch tensors.
 
-  Casts each tensor to the parameter's dtype; raises CheckpointError on a missing tensor, a wrong
-  shape or a non-floating dtype, naming the key.
+  Casts each tensor to the parameter's dtype; raises CheckpointError on a missing tensor, a
+  tensor the map does not use (unless `ignore(key)`: optimizer state, tied copies), a wrong shape
+  or a non-floating dtype, naming the key and any layer-count disagreement.
   """
   missing = sorted(k for k in key_map if k not in available)
   if missing:
     more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
-    raise CheckpointError(f"{source} lacks the weights {missing[:5]}{more}: it is not a checkpoint "
-                          "of this model configuration.")
+    raise CheckpointError(f"{source} lacks the weights {missing[:5]}{more}"
+                          f"{agreement.layer_mismatch(key_map, available)}: it is not a "
+                          "checkpoint of this model configuration.")
+  ignore = ignore or (lambda key: False)
+  agreement.check_unused((k for k in available - set(key_map) if not ignore(k)), source,
+                         key_map, available)
   params: dict = {}
   for key, (path, transpose) in key_map.items():
     target = _get(abstract_params, path)

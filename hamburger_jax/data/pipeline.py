@@ -8,7 +8,8 @@
 Order of operations: source (`tfds.data_source`) -> this host's shard (`[index::count]`, so hosts
 see disjoint examples) -> seeded global shuffle (a new order every epoch) -> repeat -> to macro
 arrays (`batch.example_to_macro`; examples longer than seq_len are truncated by whole groups or
-dropped) -> greedy first-fit packing of consecutive examples into `num_rows` rows, a batch being
+dropped, counted in `pack_stats`; a repeating pipeline that drops a whole epoch in a row raises
+DataError naming the seq_len needed) -> greedy first-fit packing of consecutive examples into `num_rows` rows, a batch being
 emitted when the next example fits in no row (`batch.pack_rows`). The iterator state (a few
 integers) is saved with orbax through grain's checkpoint handler; restoring it in a freshly built
 pipeline replays exactly the batches an uninterrupted run would have produced.
@@ -29,6 +30,7 @@ import numpy as np
 
 from hamburger_jax.model.batch import BATCH_FIELDS, example_to_macro, pack_rows
 from hamburger_jax.data import builder
+from hamburger_jax.data.sources import DataError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +99,7 @@ class _ToMacro:
                        f"{self.max_steps}: prepare the data with --max_steps {self.max_steps}.")
     fitted = fit_example(tokens, int(record["prompt_length"]), steps, self.seq_len, self.overlong)
     if fitted is None:
-      return {"skip": "dropped"}
+      return {"skip": "dropped", "needs": int(record["prompt_length"]) + len(steps) - 1}
     macro = example_to_macro(*fitted, self.max_steps)
     if len(fitted[2]) < len(steps):
       macro["truncated"] = True
@@ -108,12 +110,30 @@ class _PackIterator(grain.DatasetIterator):
   """Greedy first-fit of consecutive examples into static batches; state = the parent's."""
 
   def __init__(self, parent: grain.DatasetIterator, seq_len: int, num_rows: int, max_steps: int,
-               drop_remainder: bool, stats: PackStats):
+               drop_remainder: bool, stats: PackStats, epoch_size: int | None):
     super().__init__(parent)
     self._seq_len, self._num_rows, self._max_steps = seq_len, num_rows, max_steps
     self._drop_remainder = drop_remainder
     self._stats = stats
+    self._epoch_size = epoch_size      # a whole epoch dropped in a row: no example can ever fit
+    self._drops_in_a_row, self._shortest_dropped = 0, None
     self._pending = None   # (macro, parent state before it was read): did not fit last batch
+
+  @property
+  def pack_stats(self) -> PackStats:
+    """Examples packed, dropped and truncated so far (also logged by the training loop)."""
+    return self._stats
+
+  def _dropped(self, needs: int) -> None:
+    self._stats.dropped += 1
+    self._drops_in_a_row += 1
+    self._shortest_dropped = min(needs, self._shortest_dropped or needs)
+    if self._epoch_size and self._drops_in_a_row >= self._epoch_size:
+      raise DataError(
+          f"Every one of the {self._epoch_size} examples is dropped by the packer: the shortest "
+          f"prompt needs {self._shortest_dropped} macro positions but seq_len is {self._seq_len}. "
+          f"Raise data.seq_len to at least {self._shortest_dropped} (or prepare shorter "
+          "examples with --max_length).")
 
   def _emit(self, macros, rows) -> dict[str, np.ndarray]:
     batch = pack_rows(macros, rows, self._seq_len, self._max_steps, self._num_rows)
@@ -136,8 +156,9 @@ class _PackIterator(grain.DatasetIterator):
             return self._emit(macros, rows)
           raise
         if "skip" in macro:
-          self._stats.dropped += 1
+          self._dropped(macro.get("needs", 0))
           continue
+        self._drops_in_a_row = 0
         self._stats.examples += 1
         self._stats.truncated += int(macro.pop("truncated", False))
       m = len(macro["group_lengths"])
@@ -170,13 +191,15 @@ class PackIterDataset(grain.IterDataset):
   """IterDataset of macro examples -> IterDataset of packed batches (see _PackIterator)."""
 
   def __init__(self, parent: grain.IterDataset, seq_len: int, num_rows: int, max_steps: int,
-               drop_remainder: bool = False):
+               drop_remainder: bool = False, epoch_size: int | None = None):
+    """`epoch_size`: examples per epoch; that many dropped in a row is a DataError (none fits)."""
     super().__init__(parent)
     self._args = (seq_len, num_rows, max_steps, drop_remainder)
+    self._epoch_size = epoch_size
     self.stats = PackStats()
 
   def __iter__(self) -> _PackIterator:
-    return _PackIterator(self._parent.__iter__(), *self._args, self.stats)
+    return _PackIterator(self._parent.__iter__(), *self._args, self.stats, self._epoch_size)
 
   def __str__(self) -> str:
     return f"PackIterDataset(seq_len={self._args[0]}, num_rows={self._args[1]})"
@@ -196,6 +219,13 @@ def host_examples(cfg: PipelineConfig, source: Sequence[Any] | None = None,
                   process_index: int | None = None,
                   process_count: int | None = None) -> grain.MapDataset:
   """This host's shard of the records, shuffled (per epoch) and repeated, as a MapDataset."""
+  ds = _host_shard(cfg, source, process_index, process_count)
+  if cfg.shuffle:
+    ds = ds.shuffle(seed=cfg.seed)
+  return ds.repeat(cfg.num_epochs)
+
+
+def _host_shard(cfg: PipelineConfig, source, process_index, process_count) -> grain.MapDataset:
   index, count = _host(process_index, process_count)
   if source is None:
     source = builder.data_source(cfg.data_dir, cfg.name, cfg.version, cfg.split)
@@ -204,20 +234,22 @@ def host_examples(cfg: PipelineConfig, source: Sequence[Any] | None = None,
   ds = ds[index:total:count]
   if len(ds) == 0:
     raise ValueError(f"Host {index} of {count} gets no examples from a split of {len(source)}.")
-  if cfg.shuffle:
-    ds = ds.shuffle(seed=cfg.seed)
-  return ds.repeat(cfg.num_epochs)
+  return ds
 
 
 def make_dataset(cfg: PipelineConfig, source: Sequence[Any] | None = None,
                  process_index: int | None = None,
                  process_count: int | None = None) -> PackIterDataset:
   """The packed-batch IterDataset for this host (process index/count default to jax's)."""
-  ds = host_examples(cfg, source, process_index, process_count)
-  ds = ds.map(_ToMacro(cfg.seq_len, cfg.max_steps, cfg.overlong))
+  ds = _host_shard(cfg, source, process_index, process_count)
+  epoch_size = len(ds) if cfg.num_epochs is None else None   # a finite run ends by itself
+  if cfg.shuffle:
+    ds = ds.shuffle(seed=cfg.seed)
+  ds = ds.repeat(cfg.num_epochs).map(_ToMacro(cfg.seq_len, cfg.max_steps, cfg.overlong))
   ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=cfg.read_threads,
                                             prefetch_buffer_size=max(16, 4 * cfg.num_rows)))
-  return PackIterDataset(ds, cfg.seq_len, cfg.num_rows, cfg.max_steps, cfg.drop_remainder)
+  return PackIterDataset(ds, cfg.seq_len, cfg.num_rows, cfg.max_steps, cfg.drop_remainder,
+                         epoch_size)
 
 
 def make_iterator(cfg: PipelineConfig, source: Sequence[Any] | None = None,

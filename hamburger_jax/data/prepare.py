@@ -66,20 +66,38 @@ class PrepareResult(NamedTuple):
   skipped: bool                   # the version existed and was kept
 
 
-def _load_examples(cfg: PrepareConfig, tok: ChatTokenizer, counters, generate, vocab_limit):
+def _load_examples(cfg: PrepareConfig, tok: ChatTokenizer, counters):
   examples = list(tokenize_examples(read_examples(cfg.source, counters), tok, counters))
-  if generate is not None:
-    examples = list(distill.self_distill(examples, generate, cfg.tokenize,
-                                         cfg.distill_batch_size, counters))
   if not examples:
     raise DataError(f"No examples left from {cfg.source.inputs!r} after filtering "
                     f"({dict(counters)}): check the field names and max_length.")
+  return examples
+
+
+def _check_vocab(examples, vocab_limit: int | None) -> None:
   if vocab_limit is not None:
     top = max(int(max(ex.prompt.max(), ex.response.max())) for ex in examples)
     if top >= vocab_limit:
       raise DataError(f"Token id {top} is outside the model's vocabulary ({vocab_limit}): the "
                       "tokenizer does not belong to this model.")
-  return examples
+
+
+def check_existing(data_dir: str, name: str, version: str, samples: int = 256) -> None:
+  """DataError unless the prepared version reads back: its info, every split's record count, and
+  `samples` evenly spaced records of each split (the last one included)."""
+  try:
+    info = builder.read_info(data_dir, name, version)
+    for split, split_info in info.splits.items():
+      source = builder.data_source(data_dir, name, version, split)
+      n = len(source)
+      if n != split_info.num_examples:
+        raise ValueError(f"split {split!r} has {n} records, its info says "
+                         f"{split_info.num_examples}")
+      for i in sorted(set(np.linspace(0, n - 1, min(n, samples)).astype(int).tolist())):
+        source[i]
+  except Exception as e:  # tfds / array_record raise many types for damaged files
+    raise DataError(f"{builder.dataset_dir(data_dir, name, version)} exists but cannot be read "
+                    f"({type(e).__name__}: {str(e)[:200]}): pass --overwrite to rebuild it.") from e
 
 
 def _segment_to_chunks(cfg: PrepareConfig, examples, model, store: ChunkStore, progress: bool):
@@ -117,23 +135,34 @@ def _model_fingerprint(model) -> str:
 
 def prepare_dataset(cfg: PrepareConfig, model: tuple[Any, Any] | None = None,
                     generate: distill.GenerateFn | None = None,
-                    progress: bool = True) -> PrepareResult:
+                    progress: bool = True, loader: Callable[[], tuple] | None = None
+                    ) -> PrepareResult:
   """Builds `DATA_DIR/hamburger_sft/NAME/VERSION` (see module docstring); returns its stats.
 
   model: (LlamaConfig, params) of the base model (not needed in lm mode).
   generate: optional self-distillation decoder, `generate(prompt_ids_list) -> response_ids_list`.
+  loader: instead of model/generate, a function returning (model, generate), called once the
+  inputs have been read and tokenized (so bad inputs fail before a slow model load).
+  An existing version is kept if it reads back (DataError if it is damaged: pass overwrite).
   """
   start = time.time()
   builder.check_name(cfg.name)
   if builder.dataset_exists(cfg.data_dir, cfg.name, cfg.version) and not cfg.overwrite:
+    check_existing(cfg.data_dir, cfg.name, cfg.version)
     info = builder.read_info(cfg.data_dir, cfg.name, cfg.version)
     return PrepareResult(builder.dataset_dir(cfg.data_dir, cfg.name, cfg.version),
                          dict(info.metadata.get("stats", {})),
                          dict(info.metadata.get("counters", {})), time.time() - start, True)
   counters: collections.Counter = collections.Counter()
   tok = ChatTokenizer(cfg.tokenize)
+  examples = _load_examples(cfg, tok, counters)
+  if loader is not None:
+    model, generate = loader()
+  if generate is not None:
+    examples = list(distill.self_distill(examples, generate, cfg.tokenize,
+                                         cfg.distill_batch_size, counters))
   vocab_limit = model[0].vocab_size if model is not None and cfg.tokenize.mode == "sft" else None
-  examples = _load_examples(cfg, tok, counters, generate, vocab_limit)
+  _check_vocab(examples, vocab_limit)
 
   settings = {"source": dataclasses.asdict(cfg.source),
               "tokenize": dataclasses.asdict(cfg.tokenize),
@@ -247,16 +276,23 @@ def main(argv: Sequence[str] | None = None) -> PrepareResult:
   cfg = PrepareConfig(source, tcfg, scfg, a.data_dir, a.name, a.version, a.overwrite,
                       a.eval_examples, a.seed, a.chunk_size, a.tokens_per_batch,
                       model_id=f"{a.model}@{a.model_path}")
-  model = generate = None
-  if not (builder.dataset_exists(a.data_dir, a.name, a.version) and not a.overwrite):
+  kind, _, arg = a.model.partition(":")
+  if a.mode == "sft" and kind == "random":
+    from hamburger_jax.model.config import BASE_PRESETS  # pylint: disable=g-import-not-at-top
+    if arg not in BASE_PRESETS:
+      raise ValueError(f"--model {a.model}: unknown preset {arg!r}; known: {sorted(BASE_PRESETS)}.")
+  builder.check_name(a.name)
+
+  def loader():
+    model = generate = None
     if a.mode == "sft":
-      vocab = ChatTokenizer(tcfg).vocab_size
-      model = load_model(a.model, a.model_path, vocab, a.seed)
+      model = load_model(a.model, a.model_path, ChatTokenizer(tcfg).vocab_size, a.seed)
     if a.distill:
       mod, _, fn = a.distill.partition(":")
       generate = getattr(importlib.import_module(mod), fn)(*(model or (None, None)),
                                                            ChatTokenizer(tcfg))
-  result = prepare_dataset(cfg, model, generate, progress=not a.no_progress)
+    return model, generate
+  result = prepare_dataset(cfg, progress=not a.no_progress, loader=loader)
   if result.skipped:
     print(f"{result.path} exists: kept (pass --overwrite to rebuild).")
   else:
@@ -273,5 +309,6 @@ def main(argv: Sequence[str] | None = None) -> PrepareResult:
 if __name__ == "__main__":
   try:
     main()
-  except DataError as e:
-    sys.exit(f"error: {e}")
+  except (DataError, ValueError, OSError) as e:   # inputs, names, settings, unreadable files
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)

@@ -21,6 +21,7 @@ from typing import Sequence, TextIO
 from hamburger_jax.convert import CheckpointError, load_model
 from hamburger_jax.decode.evaluation import agreement
 from hamburger_jax.decode.render import Printer, stream_one, summary
+from hamburger_jax.decode import prompts as prompts_lib
 from hamburger_jax.decode.sampler import DecodeInputError, Sampler
 from hamburger_jax.decode.state import DecodeResult
 from hamburger_jax.model.config import HamburgerConfig
@@ -30,6 +31,9 @@ from hamburger_jax.text.tokenizer import Tokenizer, TokenizerError
 
 class UsageError(ValueError):
   """A bad command line (the message says what to change)."""
+
+
+MAX_NEW_TOKENS = 1 << 20        # also the largest --cache_length
 
 
 # --- arguments -----------------------------------------------------------------------------------
@@ -70,25 +74,42 @@ def check_args(a: DecodeArgs) -> None:
                      "original HAMburger checkpoint with --base_config).")
   if not (isinstance(a.confidence, (int, float)) and 0.0 < a.confidence <= 1.0):
     raise UsageError(f"--confidence must be in (0, 1], got {a.confidence}.")
-  if a.max_new_tokens < 1:
-    raise UsageError(f"--max_new_tokens must be >= 1, got {a.max_new_tokens}.")
+  if not 1 <= a.max_new_tokens <= MAX_NEW_TOKENS:
+    raise UsageError(f"--max_new_tokens must be in 1..{MAX_NEW_TOKENS}, got {a.max_new_tokens}.")
+  if a.cache_length < 0 or a.cache_length > MAX_NEW_TOKENS:
+    raise UsageError(f"--cache_length must be in 0..{MAX_NEW_TOKENS}, got {a.cache_length}.")
+  prompts_lib.check_seed(a.seed)
+  prompts_lib.check_temperature(a.temperature)
   if a.prompt is not None and a.prompt_file is not None:
     raise UsageError("Give --prompt or --prompt_file, not both.")
   if a.stream_steps < 1:
     raise UsageError(f"--stream_steps must be >= 1, got {a.stream_steps}.")
 
 
+def _utf8_lines(raw: bytes, what: str) -> list[str]:
+  try:
+    text = raw.decode("utf-8")
+  except UnicodeDecodeError as e:
+    raise UsageError(f"{what} is not valid UTF-8 (byte {raw[e.start:e.start + 1].hex()} at offset "
+                     f"{e.start}): save it as UTF-8.") from None
+  return [line for line in text.splitlines() if line.strip()]
+
+
 def read_prompt_lines(a: DecodeArgs, stdin: TextIO) -> list[str]:
+  """The prompt lines of --prompt, --prompt_file or stdin; UsageError if empty or not UTF-8."""
   if a.prompt is not None:
-    lines = [a.prompt]
+    lines = [prompts_lib.utf8_text(a.prompt, "The prompt")]
   elif a.prompt_file is not None:
     try:
-      with open(a.prompt_file) as f:
-        lines = [line.rstrip("\n") for line in f if line.strip()]
+      with open(a.prompt_file, "rb") as f:
+        lines = _utf8_lines(f.read(), f"--prompt_file {a.prompt_file}")
     except OSError as e:
       raise UsageError(f"Cannot read --prompt_file {a.prompt_file}: {e.strerror}.") from e
+  elif hasattr(stdin, "buffer"):
+    lines = _utf8_lines(stdin.buffer.read(), "The text on stdin")
   else:
-    lines = [line.rstrip("\n") for line in stdin if line.strip()]
+    lines = [prompts_lib.utf8_text(line.rstrip("\n"), "The text on stdin") for line in stdin
+             if line.strip()]
   if not lines or all(not line.strip() for line in lines):
     raise UsageError("The prompt is empty: pass --prompt, --prompt_file, or text on stdin.")
   return lines
@@ -171,6 +192,7 @@ def _samplers(a: DecodeArgs, cfg, params, base_only: bool, prompts, tokenizer):
   longest = max(len(p) for p in prompts)
   cache_length = a.cache_length or -(-(longest + a.max_new_tokens) // 64) * 64
   out_length = -(-a.max_new_tokens // 64) * 64
+  check_buffer_memory(llama, len(prompts), cache_length)
   sampler = Sampler(cfg, params, base=base_only, cache_length=cache_length,
                     out_length=out_length, eos_ids=eos)
   sampler.check_prompts(prompts)
@@ -182,6 +204,30 @@ def _samplers(a: DecodeArgs, cfg, params, base_only: bool, prompts, tokenizer):
     base = Sampler(cfg, params, base=True, cache_length=cache_length, out_length=out_length,
                    eos_ids=eos)
   return sampler, base, knobs
+
+
+def check_buffer_memory(llama, rows: int, cache_length: int, available: int | None = None) -> None:
+  """UsageError when the KV buffers alone would not fit in the device's memory."""
+  per_slot = (2 * llama.num_layers * llama.num_kv_heads * llama.head_dim   # K and V
+              * llama.jnp_dtype.dtype.itemsize)
+  need = (1 << (max(rows, 1) - 1).bit_length()) * cache_length * per_slot
+  available = available or _device_memory()
+  if available and need > 0.8 * available:
+    raise UsageError(f"A KV buffer of {cache_length} slots x {rows} prompts needs "
+                     f"{need / 2**30:.1f} GiB but the device has {available / 2**30:.1f} GiB: "
+                     "lower --max_new_tokens (or --cache_length).")
+
+
+def _device_memory() -> int | None:
+  """Bytes the default device can hold: its memory limit, or the host's RAM on CPU."""
+  import jax  # pylint: disable=g-import-not-at-top
+  stats = getattr(jax.devices()[0], "memory_stats", lambda: None)() or {}
+  if stats.get("bytes_limit"):
+    return int(stats["bytes_limit"])
+  try:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  except (ValueError, OSError, AttributeError):
+    return None
 
 
 def _decode(a: DecodeArgs, sampler, base_sampler, knobs, prompts, printer, stdout):

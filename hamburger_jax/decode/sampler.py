@@ -26,7 +26,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hamburger_jax.decode import prompts as prompts_lib
 from hamburger_jax.decode import state as ds
+from hamburger_jax.decode.prompts import DecodeInputError
 from hamburger_jax.model.attention import init_cache
 from hamburger_jax.model.config import HamburgerConfig, LlamaConfig
 from hamburger_jax.decode.state import DecodeResult
@@ -36,10 +38,6 @@ from hamburger_jax.decode.sampling import SamplingParams, sample_tokens, token_l
 
 # Python-side trace counters (incremented while tracing): tests use them to prove no recompiles.
 TRACE_COUNTS: collections.Counter = collections.Counter()
-
-
-class DecodeInputError(ValueError):
-  """Unusable decode input (empty prompt, unknown token id, too long, bad knob); says which."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -281,7 +279,7 @@ class Sampler:
       raise DecodeInputError("No prompts given.")
     out = []
     for i, p in enumerate(prompts):
-      p = [int(t) for t in p]
+      p = prompts_lib.token_ids(p, i)
       if not p:
         raise DecodeInputError(f"Prompt {i} is empty: give at least one token.")
       bad = [t for t in p if not 0 <= t < self.vocab_size]
@@ -339,7 +337,8 @@ class Sampler:
     prompts = self.check_prompts(prompts)
     knobs = self.make_knobs(max_new_tokens, **knob_kwargs)
     prefix, last, lengths, pad = self.pad_prompts(prompts)
-    args = (self.params, prefix, last, lengths, pad, jax.random.PRNGKey(seed), knobs)
+    key = jax.random.PRNGKey(prompts_lib.check_seed(seed))
+    args = (self.params, prefix, last, lengths, pad, key, knobs)
     fn = self._compiled_fn("prefill", *args)
     return fn(*args), len(prompts)
 

@@ -27,8 +27,8 @@ class SamplingParams:
   @classmethod
   def make(cls, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0) -> "SamplingParams":
     """Validates host values and turns them into arrays (so changing them never recompiles)."""
-    if not temperature >= 0.0:
-      raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}.")
+    if not 0.0 <= temperature < float("inf"):
+      raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature}.")
     if top_k < 0:
       raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k}.")
     if not 0.0 < top_p <= 1.0:

@@ -116,11 +116,36 @@ def make_iterator(config, cfg: HamburgerConfig, split: str, rows: int | None = N
                            config.mode == "base_lm", slice(index * local, (index + 1) * local))
 
 
-def check_batch(batch: dict[str, np.ndarray], mode: str) -> None:
-  """Host-side sanity check: plain LM training needs every group of size 1."""
+def check_batch(batch: dict[str, np.ndarray], mode: str, vocab_size: int) -> None:
+  """Host-side sanity checks: token ids inside the vocabulary; plain LM training needs every
+  group of size 1. DataError naming the problem."""
+  from hamburger_jax.data.sources import DataError  # pylint: disable=g-import-not-at-top
+  top = max(int(batch["group_tokens"].max(initial=0)), int(batch["target_tokens"].max(initial=0)))
+  if top >= vocab_size:
+    raise DataError(f"The data holds token id {top} but the model's vocabulary has {vocab_size} "
+                    "ids: prepare the data with the model's tokenizer (or set model.vocab_size).")
   if mode == "base_lm" and int(batch["group_lengths"].max(initial=0)) > 1:
-    raise ValueError("mode 'base_lm' needs batches whose groups all have size 1 (plain LM data); "
-                     "this batch has merged groups.")
+    raise DataError("mode 'base_lm' needs batches whose groups all have size 1 (plain LM data); "
+                    "this batch has merged groups.")
+
+
+def check_dataset(config, cfg: HamburgerConfig) -> None:
+  """DataError before training when a prepared dataset's vocabulary exceeds the model's."""
+  if config.data.source != "tfds":
+    return
+  from hamburger_jax.data import builder  # pylint: disable=g-import-not-at-top
+  from hamburger_jax.data.sources import DataError  # pylint: disable=g-import-not-at-top
+  try:
+    info = builder.read_info(config.data.data_dir, config.data.name)
+  except Exception as e:  # tfds raises several types for a missing or unreadable dataset
+    raise DataError(f"Cannot read the prepared dataset {config.data.name!r} in "
+                    f"{config.data.data_dir} ({type(e).__name__}: {e}): check data.name and "
+                    "data.data_dir, or run python -m hamburger_jax.data.prepare.") from e
+  vocab = int(info.metadata.get("vocab_size", 0) or 0)
+  if vocab > cfg.base.vocab_size:
+    raise DataError(f"Dataset {config.data.name!r} was tokenized with a vocabulary of {vocab} "
+                    f"ids but the model has {cfg.base.vocab_size}: use the model's tokenizer or "
+                    "a model with a larger vocabulary.")
 
 
 def to_device(batch: dict[str, np.ndarray], sharding) -> dict[str, jax.Array]:

@@ -25,33 +25,26 @@ import jax.numpy as jnp
 import numpy as np
 
 from hamburger_jax.train import batches, checkpoints, sharding
-from hamburger_jax.train.run_config import eval_rows, model_config, validate_config
+from hamburger_jax.train.run_config import ConfigError, eval_rows, model_config, validate_config
 from hamburger_jax.train.metrics_writer import MetricsWriter, Progress
 from hamburger_jax.train.setup import Setup
+from hamburger_jax.train.signals import StopOnSignal
 from hamburger_jax.train.step import TrainState, combine_metrics
 
-class StopOnSignal:
-  """Context manager: SIGTERM sets `requested` (the loop then saves and exits) instead of killing."""
 
-  def __init__(self):
-    self.requested, self._prev = False, None
-
-  def _handle(self, signum, frame):
-    del frame
-    logging.warning("Signal %d received: saving a checkpoint and stopping.", signum)
-    self.requested = True
-
-  def __enter__(self):
-    try:
-      self._prev = signal.signal(signal.SIGTERM, self._handle)
-    except ValueError:            # not the main thread: leave signals alone
-      self._prev = None
-    return self
-
-  def __exit__(self, *exc):
-    if self._prev is not None:
-      signal.signal(signal.SIGTERM, self._prev)
-
+def check_workdir(workdir: str) -> None:
+  """ConfigError unless `workdir` is (or can be made) a writable directory."""
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise ConfigError(f"--workdir {workdir} is a file, not a directory: pass a directory path.")
+  try:
+    os.makedirs(workdir, exist_ok=True)
+    probe = os.path.join(workdir, f".write_test.{os.getpid()}")
+    with open(probe, "w") as f:
+      f.write("ok")
+    os.remove(probe)
+  except OSError as e:
+    raise ConfigError(f"--workdir {workdir} is not writable ({e.strerror}): pass a directory "
+                      "you can write to.") from e
 
 def check_finite(pending, ckpt: checkpoints.Checkpointer) -> None:
   """Reads the pending losses; FloatingPointError naming the first step with NaN/inf loss."""
@@ -81,44 +74,66 @@ def evaluate(setup: Setup, state: TrainState) -> dict[str, float]:
 
 
 def restore_or_init(setup: Setup, ckpt: checkpoints.Checkpointer, train_iter, pretrained):
-  """The latest checkpoint of the workdir (state + data position), else a fresh state."""
-  step = ckpt.latest_step()
-  if step is None:
-    return setup.init_state(pretrained)
-  saved = ckpt.saved_config(step)
+  """The newest good checkpoint of the workdir (state + data position), else a fresh state."""
   current = json.loads(setup.config.to_json())
-  changed = sorted(k for k, v in current.items() if saved.get(k) != v)
+  found = ckpt.restore_latest_good(setup.abstract_state(), current)
+  if found is None:
+    return setup.init_state(pretrained)
+  step, state, data_state = found
+  changed = checkpoints.changed_fields(ckpt.saved_config(step), current)
   if changed:
     logging.warning("Resuming step %d with a config that differs in %s.", step, changed)
-  state, data_state = ckpt.restore(step, setup.abstract_state())
   train_iter.set_state(data_state)
   logging.info("Resumed from step %d in %s.", step, ckpt.directory)
   return state
 
 
 def train_and_evaluate(config, workdir: str) -> TrainState:
-  """Trains per `config` (see configs/default.py) in `workdir`, resuming its latest checkpoint."""
+  """Trains per `config` (see configs/default.py) in `workdir`, resuming its newest good checkpoint.
+
+  Raises ConfigError / CheckpointError / DataError for unusable settings or inputs,
+  FloatingPointError when training diverges (nothing non-finite is saved), and
+  `signals.Interrupted` after the save that follows a SIGTERM/SIGINT.
+  """
   sharding.maybe_initialize_distributed(config.distributed)
   validate_config(config)
+  check_workdir(workdir)
   mesh = sharding.make_mesh(config.mesh)
   cfg, pretrained = model_config(config), None
   if config.init.checkpoint:
     cfg, pretrained = checkpoints.load_pretrained(config.init.checkpoint, cfg, config.mode)
+  batches.check_dataset(config, cfg)
   setup = Setup(config, cfg, mesh)
   c_cfg = config.checkpoint
   ckpt = checkpoints.Checkpointer(checkpoints.checkpoint_dir(workdir), c_cfg.every_steps,
                                   c_cfg.keep, c_cfg.async_save)
-  train_iter = batches.make_iterator(config, cfg, "train")
-  state = restore_or_init(setup, ckpt, train_iter, pretrained)
-  writer = MetricsWriter(workdir, config.logging.tensorboard)
+  try:
+    train_iter = batches.make_iterator(config, cfg, "train")
+    state = restore_or_init(setup, ckpt, train_iter, pretrained)
+    state = _train(setup, ckpt, train_iter, state, workdir)
+    ckpt.wait()
+    if c_cfg.export:
+      checkpoints.export_params(os.path.join(workdir, "export"), config.mode, cfg, state.params)
+  except BaseException:
+    ckpt.finish_after_error()
+    raise
+  ckpt.close()
+  return state
+
+
+def _train(setup: Setup, ckpt: checkpoints.Checkpointer, train_iter, state, workdir: str):
+  """Steps from the state's step to num_train_steps: log, evaluate, save (finite states only)."""
+  config = setup.config
   start, total = int(jax.device_get(state.step)), config.num_train_steps
+  writer = MetricsWriter(workdir, config.logging.tensorboard, resume_step=start)
   progress = Progress(total, start, config.logging.progress_bar)
-  pending, tick, preempted = [], time.time(), False
+  log = _StepLog(writer, progress, getattr(train_iter, "pack_stats", None), config.data.seq_len)
+  pending = []
   try:
     with StopOnSignal() as stop:
       for step in range(start + 1, total + 1):
         batch = next(train_iter)
-        batches.check_batch(batch, config.mode)
+        batches.check_batch(batch, config.mode, setup.cfg.base.vocab_size)
         state, metrics = setup.train_step(state, batches.to_device(batch, setup.data_sharding))
         pending.append((step, metrics))
         last = step == total
@@ -126,25 +141,52 @@ def train_and_evaluate(config, workdir: str) -> TrainState:
                      else stop.requested)
         if step % config.logging.every_steps == 0 or last or preempted:
           check_finite(pending, ckpt)
-          logged = mean_metrics([m for _, m in pending])
-          now = time.time()
-          logged["tokens_per_sec"] = logged["tokens"] / max(now - tick, 1e-9)
-          writer.write(step, {f"train/{k}": v for k, v in logged.items()})
-          progress.update(step, loss=logged["loss"], tok_s=logged["tokens_per_sec"])
-          pending, tick = [], now
+          log.train(step, [m for _, m in pending])
+          pending = []
         if config.eval.every_steps and (step % config.eval.every_steps == 0 or last):
-          writer.write(step, {f"eval/{k}": v for k, v in evaluate(setup, state).items()})
-          tick = time.time()                  # tokens/s counts training time only
-        if step % c_cfg.every_steps == 0 or last or preempted:
+          log.eval(step, evaluate(setup, state))
+        if step % config.checkpoint.every_steps == 0 or last or preempted:
           check_finite(pending, ckpt)
           ckpt.save(step, state, json.loads(config.to_json()), train_iter.get_state(), force=True)
         if preempted:
-          break
-    ckpt.wait()
-    if c_cfg.export and not preempted:
-      checkpoints.export_params(os.path.join(workdir, "export"), config.mode, cfg, state.params)
+          ckpt.wait()
+          stop.signum = stop.signum or signal.SIGTERM
+          raise stop.interrupted(step, total, str(ckpt.directory))
   finally:
-    ckpt.close()
     writer.close()
     progress.close()
   return state
+
+
+class _StepLog:
+  """Writes train/eval metrics and the packer's counts; warns once when examples are cut."""
+
+  def __init__(self, writer: MetricsWriter, progress: Progress, pack_stats, seq_len: int):
+    self.writer, self.progress, self.pack_stats, self.seq_len = writer, progress, pack_stats, seq_len
+    self.tick, self.warned = time.time(), False
+
+  def train(self, step: int, metrics: list[dict]) -> None:
+    logged = mean_metrics(metrics)
+    now = time.time()
+    logged["tokens_per_sec"] = logged["tokens"] / max(now - self.tick, 1e-9)
+    self.writer.write(step, {f"train/{k}": v for k, v in logged.items()} | self._data())
+    self.progress.update(step, loss=logged["loss"], tok_s=logged["tokens_per_sec"])
+    self.tick = now
+
+  def eval(self, step: int, metrics: dict) -> None:
+    self.writer.write(step, {f"eval/{k}": v for k, v in metrics.items()})
+    self.tick = time.time()                  # tokens/s counts training time only
+
+  def _data(self) -> dict[str, float]:
+    s = self.pack_stats
+    if s is None:
+      return {}
+    seen = s.examples + s.dropped
+    if (s.dropped or s.truncated) and not self.warned:
+      self.warned = True
+      logging.warning("Packing at data.seq_len=%d: of the %d examples read so far %d were dropped "
+                      "(their prompt alone is longer) and %d truncated (trailing groups cut): raise "
+                      "data.seq_len to keep them whole.", self.seq_len, seen, s.dropped,
+                      s.truncated)
+    return {"data/examples_read": seen, "data/dropped": s.dropped, "data/truncated": s.truncated,
+            "data/fill": s.fill}

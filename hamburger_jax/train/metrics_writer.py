@@ -31,13 +31,18 @@ def _scalar(v) -> float:
 class MetricsWriter:
   """Writes scalar metrics to `workdir/metrics.jsonl` and `workdir/tensorboard/` (process 0)."""
 
-  def __init__(self, workdir: str, tensorboard: bool = True, enabled: bool | None = None):
+  def __init__(self, workdir: str, tensorboard: bool = True, enabled: bool | None = None,
+               resume_step: int | None = None):
+    """`resume_step`: rows of later steps (written before the run was cut short, and about to be
+    written again) are dropped from the JSONL file."""
     self.enabled = jax.process_index() == 0 if enabled is None else enabled
     self._tb = None
     self._jsonl = None
     if not self.enabled:
       return
     os.makedirs(workdir, exist_ok=True)
+    if resume_step is not None:
+      _drop_rows_after(os.path.join(workdir, JSONL_FILE), resume_step)
     self._jsonl = open(os.path.join(workdir, JSONL_FILE), "a")
     if tensorboard:
       try:
@@ -71,6 +76,27 @@ class MetricsWriter:
     if self._jsonl is not None:
       self._jsonl.close()
       self._jsonl = None
+
+
+def _drop_rows_after(path: str, step: int) -> None:
+  """Rewrites the JSONL file (atomically) without rows of steps > `step` or cut-short lines."""
+  if not os.path.exists(path):
+    return
+  with open(path) as f:
+    lines = f.read().splitlines()
+  kept = []
+  for line in lines:
+    try:
+      row = json.loads(line)
+    except json.JSONDecodeError:     # a line cut short by a kill
+      continue
+    if isinstance(row, dict) and row.get("step", 0) <= step:
+      kept.append(line)
+  if len(kept) == len(lines):
+    return
+  with open(path + ".tmp", "w") as f:
+    f.write("".join(line + "\n" for line in kept))
+  os.replace(path + ".tmp", path)
 
 
 def read_jsonl(workdir: str) -> list[dict]:

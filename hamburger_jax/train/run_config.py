@@ -18,6 +18,10 @@ from hamburger_jax.model.config import PRESETS, HamburgerConfig
 from hamburger_jax.train import batches, optim, sharding
 
 MODES = ("hamburger", "base_lm")
+
+
+class ConfigError(ValueError):
+  """A run setting that cannot work; the message names the field and the fix."""
 _BASE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
                 "num_kv_heads", "head_dim")
 _HAM_FIELDS = ("max_steps", "num_micro_layers", "merger_heads")
@@ -39,7 +43,33 @@ def model_config(config) -> HamburgerConfig:
 
 
 def validate_config(config, num_devices: int | None = None) -> None:
-  """Raises ValueError naming the field for settings that cannot work (before any compile)."""
+  """Raises ConfigError naming the field for settings that cannot work (before any compile)."""
+  try:
+    _check_types(config)
+    _validate(config, num_devices)
+  except ConfigError:
+    raise
+  except (ValueError, TypeError) as e:
+    raise ConfigError(str(e)) from e
+
+
+def _check_types(config) -> None:
+  """Counts and sizes must be ints (not floats, strings or bools); seed in 0..2**32-1."""
+  fields = {f"model.{k}": config.model[k] for k in _BASE_FIELDS + _HAM_FIELDS + ("max_targets",)}
+  fields.update({"num_train_steps": config.num_train_steps, "seed": config.seed,
+                 "data.batch_size": config.data.batch_size, "data.seq_len": config.data.seq_len,
+                 "checkpoint.keep": config.checkpoint.keep})
+  for name, v in fields.items():
+    if isinstance(v, bool) or not isinstance(v, int):
+      raise ConfigError(f"{name} must be an integer, got {v!r} ({type(v).__name__}).")
+  if not 0 <= config.seed < 2**32:
+    raise ConfigError(f"seed must be in 0..2**32-1 (larger seeds would repeat smaller ones), got "
+                      f"{config.seed}.")
+  if config.checkpoint.keep < 1:
+    raise ConfigError(f"checkpoint.keep must be >= 1, got {config.checkpoint.keep}.")
+
+
+def _validate(config, num_devices: int | None) -> None:
   if config.mode not in MODES:
     raise ValueError(f"mode {config.mode!r} is unknown: use one of {MODES}.")
   counts = {"num_train_steps": config.num_train_steps, "logging.every_steps":

@@ -197,7 +197,7 @@ def test_module_entry_point(tmp_path, tokenizer_files, helpers):
   bad.write_text('{"text": "no response field"}\n')
   fail = subprocess.run(base + ["--inputs", str(bad), "--name", "bad"], capture_output=True,
                         text=True, env=env, cwd=root, check=False)
-  assert fail.returncode == 1 and "bad.jsonl:1: no field 'response'" in fail.stderr
+  assert fail.returncode == 2 and "bad.jsonl:1: no field 'response'" in fail.stderr
   assert "Traceback" not in fail.stderr
 
 
