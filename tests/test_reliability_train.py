@@ -54,11 +54,13 @@ def _largest_state_file(workdir, step):
 
 
 def _flip(path, n=64):
-  data = bytearray(open(path, "rb").read())
-  mid = len(data) // 2
-  for i in range(mid, min(mid + n, len(data))):
-    data[i] ^= 0xFF
-  open(path, "wb").write(bytes(data))
+  with open(path, "r+b") as f:
+    data = bytearray(f.read())
+    mid = len(data) // 2
+    for i in range(mid, min(mid + n, len(data))):
+      data[i] ^= 0xFF
+    f.seek(0)
+    f.write(bytes(data))
 
 
 def _restore(workdir, config=None):

@@ -1,4 +1,5 @@
-"""Kill and resume: SIGKILL mid-run, SIGKILL during a save, SIGTERM; the resumed losses are exact."""
+"""Kill and resume: SIGKILL mid-run, SIGKILL during a save, SIGTERM / SIGINT (save, then exit
+128 + signum with one line); the resumed losses are exact and metrics.jsonl has no duplicates."""
 
 import json
 import os
@@ -88,10 +89,11 @@ def reference(tmp_path_factory, env):
 
 
 def _check_resumed(rows_before, workdir, resumed_from, reference):
-  rows = _rows(workdir)[len(rows_before):]          # written by the resumed run
-  assert [r["step"] for r in rows] == list(range(resumed_from + 1, STEPS + 1))
+  rows = _rows(workdir)
+  assert [r["step"] for r in rows] == list(range(1, STEPS + 1))    # rows of lost steps replaced
   for r in rows:
     assert r["train/loss"] == reference[r["step"]], r["step"]
+  assert rows[:resumed_from] == rows_before[:resumed_from]          # earlier rows kept as they were
 
 
 def test_sigkill_mid_run_resumes_exactly(tmp_path, env, reference):
@@ -121,11 +123,24 @@ def test_sigkill_during_save_keeps_previous_checkpoint(tmp_path, env, reference)
   assert not any("tmp" in n for n in os.listdir(ckpt_dir))
 
 
-def test_sigterm_saves_and_exits_cleanly(tmp_path, env, reference):
-  rc = _start_and_signal(tmp_path, env, signal.SIGTERM)
-  assert rc == 0
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_saves_and_exits_with_its_code(tmp_path, env, reference, sig):
+  proc = subprocess.Popen(_cmd(tmp_path), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True)
+  deadline = time.time() + 300
+  while time.time() < deadline and proc.poll() is None:
+    rows = _rows(tmp_path)
+    if rows and rows[-1]["step"] >= 12 and _finalized(tmp_path):
+      proc.send_signal(sig)
+      break
+    time.sleep(0.005)
+  _, err = proc.communicate(timeout=300)
+  assert proc.returncode == 128 + sig
+  last_line = err.strip().splitlines()[-1]
+  assert last_line.startswith(f"stopped: Stopped early by {signal.Signals(sig).name} at step ")
   rows = _rows(tmp_path)
   last = rows[-1]["step"]
   assert last < STEPS and _finalized(tmp_path)[-1] == last   # saved where it stopped
+  assert f"at step {last} of {STEPS}" in last_line
   _run(tmp_path, env)
   _check_resumed(rows, tmp_path, last, reference)

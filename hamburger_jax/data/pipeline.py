@@ -92,6 +92,9 @@ class _ToMacro:
     self.seq_len, self.max_steps, self.overlong = seq_len, max_steps, overlong
 
   def __call__(self, record: dict[str, Any]) -> dict[str, Any]:
+    if any(record.get(k) is None for k in ("tokens", "prompt_length", "steps")):
+      raise DataError("A record of the prepared dataset is unreadable (damaged files): rebuild it "
+                      "with python -m hamburger_jax.data.prepare ... --overwrite.")
     tokens = np.asarray(record["tokens"], np.int32)
     steps = np.asarray(record["steps"], np.int32)
     if steps.size and steps.max() > self.max_steps:

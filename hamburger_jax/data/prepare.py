@@ -82,6 +82,17 @@ def _check_vocab(examples, vocab_limit: int | None) -> None:
                       "tokenizer does not belong to this model.")
 
 
+def _check_record(r, where: str) -> None:
+  """ValueError unless `r` is a whole example: tokens, prompt_length and steps that add up."""
+  tokens, plen, steps = (r.get(k) if isinstance(r, dict) else None
+                         for k in ("tokens", "prompt_length", "steps"))
+  if tokens is None or plen is None or steps is None:
+    raise ValueError(f"{where} is empty or unreadable")
+  if not 1 <= int(plen) < len(tokens) or int(np.sum(steps)) != len(tokens) - int(plen):
+    raise ValueError(f"{where} is inconsistent (prompt_length {int(plen)}, {len(tokens)} tokens, "
+                     f"steps summing to {int(np.sum(steps))})")
+
+
 def check_existing(data_dir: str, name: str, version: str, samples: int = 256) -> None:
   """DataError unless the prepared version reads back: its info, every split's record count, and
   `samples` evenly spaced records of each split (the last one included)."""
@@ -94,7 +105,7 @@ def check_existing(data_dir: str, name: str, version: str, samples: int = 256) -
         raise ValueError(f"split {split!r} has {n} records, its info says "
                          f"{split_info.num_examples}")
       for i in sorted(set(np.linspace(0, n - 1, min(n, samples)).astype(int).tolist())):
-        source[i]
+        _check_record(source[i], f"split {split!r} record {i}")
   except Exception as e:  # tfds / array_record raise many types for damaged files
     raise DataError(f"{builder.dataset_dir(data_dir, name, version)} exists but cannot be read "
                     f"({type(e).__name__}: {str(e)[:200]}): pass --overwrite to rebuild it.") from e
