@@ -139,11 +139,11 @@ def warm_up(engine, request_cls) -> None:
 def build(a: ServeArgs) -> Service:
   """Loads the checkpoint and tokenizer and builds the engine and the Service."""
   check_args(a)
-  kind = engine_kind(a.engine)
   dargs = decode_cli._resolve(decode_cli.DecodeArgs(   # pylint: disable=protected-access
       ckpt=a.ckpt, base_config=a.base_config, tokenizer=a.tokenizer, token_ids=a.token_ids,
       system=a.system))
   tokenizer = decode_cli._tokenizer(dargs)              # pylint: disable=protected-access
+  kind = engine_kind(a.engine)
   cfg, params, base_only = decode_cli._load(            # pylint: disable=protected-access
       dataclasses.replace(dargs, base=a.base))
   llama = cfg.base if isinstance(cfg, HamburgerConfig) else cfg

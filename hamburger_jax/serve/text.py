@@ -3,8 +3,8 @@
     out = TextOutput(tokenizer, stops=["\\n\\n"])
     piece, stopped = out.add([17, 4], final=False)    # new printable text; True at a stop string
 
-Text that could be the beginning of a stop string, and partial UTF-8 characters, are held back
-until the next tokens decide them. Without a tokenizer (a token-id server) the text is the ids,
+Text that could be the beginning of a stop string (an end of the text that a stop string starts
+with), and partial UTF-8 characters, are held back until the next tokens decide them. Without a tokenizer (a token-id server) the text is the ids,
 space-separated.
 """
 
@@ -33,6 +33,13 @@ class TextOutput:
       text = text.rstrip("\ufffd")                 # an incomplete UTF-8 character so far
     return text
 
+  def _held(self, text: str) -> int:
+    """Length of the longest end of `text` that a stop string starts with."""
+    for k in range(min(self._hold, len(text) - self.sent), 0, -1):
+      if any(s.startswith(text[-k:]) for s in self.stops):
+        return k
+    return 0
+
   def add(self, new_ids: Sequence[int], final: bool) -> tuple[str, bool]:
     """-> (text to send, whether a stop string ended the output). After a stop, don't call."""
     self.ids.extend(int(i) for i in new_ids)
@@ -41,7 +48,7 @@ class TextOutput:
     if hits:
       end, stopped = min(hits), True
     else:
-      end = len(text) if final else max(self.sent, len(text) - self._hold)
+      end = len(text) if final else max(self.sent, len(text) - self._held(text))
       stopped = False
     piece = text[self.sent:end]
     self.sent = max(self.sent, end)

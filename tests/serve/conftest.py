@@ -1,5 +1,6 @@
 """Shared setup of the server tests: a tiny random model, a word tokenizer covering its vocabulary,
-and servers on free 127.0.0.1 ports (uvicorn in a thread, or serve.py in a subprocess)."""
+and servers on free 127.0.0.1 ports (uvicorn in a thread, or serve.py in a subprocess). Puts
+benchmarks/ on sys.path (the load client is benchmarks/serve_load.py)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from hamburger_jax.testing.fixtures import random_params, tiny_config
 from hamburger_jax.text.tokenizer import Tokenizer
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))       # serve_load: the load client
 MODEL = "hamburger-tiny"
 CACHE_LENGTH = 64
 CHATML = ["<|im_start|>", "<|im_end|>", "<|endoftext|>"]
@@ -113,11 +115,12 @@ def server(request, tiny_model, tokenizer):
 
 
 class GatedEngine:
-  """Wraps an engine; `step()` waits until `gate` is set (to hold requests in flight)."""
+  """Wraps an engine; `step()` waits until the gate opens (to hold requests in flight)."""
 
   def __init__(self, engine):
     self.engine = engine
     self.gate = threading.Event()
+    self.decode = True
     self.max_prompt_len = engine.max_prompt_len
     self.cancelled: list[int] = []
 
@@ -131,10 +134,15 @@ class GatedEngine:
   def has_work(self):
     return self.engine.has_work()
 
+  def open(self, decode: bool = True) -> None:
+    """Lets steps through; with decode=False they return no events (nothing is compiled)."""
+    self.decode = decode
+    self.gate.set()
+
   def step(self):
     while not self.gate.wait(0.05):
       pass
-    return self.engine.step()
+    return self.engine.step() if self.decode else []
 
 
 def run_script(*args, **kwargs) -> subprocess.Popen:

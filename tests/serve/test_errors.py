@@ -74,7 +74,7 @@ def test_bad_chat_messages(server, messages, param):
 
 @pytest.fixture(name="gated")
 def _gated(tiny_model, tokenizer):
-  """A serial server whose engine steps only once `gate` is set; 1 slot + 1 queue place."""
+  """A serial server whose engine steps only once opened; 1 slot + 1 queue place."""
   cfg, params = tiny_model
   engine = GatedEngine(make_engine("serial", cfg, params))
   with serving(engine, cfg, tokenizer, max_queue=1, request_timeout=1.0) as server:
@@ -96,7 +96,7 @@ def test_full_queue_is_503_with_retry_after(gated):
       while server.service.worker.pending < 2:          # both placed (running / queued)
         await asyncio.sleep(0.02)
       rejected = await _ask(client, server.url)
-      engine.gate.set()
+      engine.open()
       return rejected, await asyncio.gather(*first)
 
   server.service.request_timeout = 60.0
@@ -117,7 +117,7 @@ def test_timeout_cancels_and_answers(gated):
     events = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
   assert events[-1] == "[DONE]"
   assert json.loads(events[-2])["error"]["code"] == "request_timeout"
-  engine.gate.set()                                     # the worker was held inside step()
+  engine.open(decode=False)                             # the worker was held inside step()
   deadline = time.monotonic() + 30
   while server.service.worker.pending and time.monotonic() < deadline:
     time.sleep(0.02)
