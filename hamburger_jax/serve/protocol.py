@@ -6,8 +6,9 @@
     messages = chat_messages(body)                        # /v1/chat/completions
     prompt = completion_prompt(body)                      # /v1/completions: text or token ids
 
-Extensions beside OpenAI's fields: `top_k` (0 = off) and `confidence` (HAMburger's stop-head
-threshold in (0, 1]: a macro step's group goes on while 1 - p_stop >= it).
+Extensions beside OpenAI's fields: `top_k` (0 = off), `confidence` (HAMburger's stop-head
+threshold in (0, 1]: a macro step's group goes on while 1 - p_stop >= it) and `min_token_prob`
+(in [0, 1]: a group also needs each drafted token's probability >= it; 0 = off).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class Settings:
   top_k: int
   seed: int
   confidence: float
+  min_token_prob: float
   stop: list[str]
   stream: bool
   include_usage: bool
@@ -154,6 +156,7 @@ def parse_settings(body: dict, limits: Limits) -> Settings:
       seed=(secrets.randbelow(SEED_LIMIT) if seed is None
             else _number(body, "seed", 0, 0, SEED_LIMIT - 1, integer=True)),
       confidence=_number(body, "confidence", limits.default_confidence, 0.0, 1.0, lo_open=True),
+      min_token_prob=_number(body, "min_token_prob", 0.0, 0.0, 1.0),
       stop=_stop_strings(body), stream=_flag(body, "stream"),
       include_usage=_flag(options, "include_usage"))
 

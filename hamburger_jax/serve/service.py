@@ -120,7 +120,8 @@ class Service:
                      code="shutting_down")
     request = self.request_cls(
         prompt_ids=prompt_ids, max_new_tokens=settings.max_tokens,
-        confidence=settings.confidence, temperature=settings.temperature, top_k=settings.top_k,
+        confidence=settings.confidence, min_token_prob=settings.min_token_prob,
+        temperature=settings.temperature, top_k=settings.top_k,
         top_p=settings.top_p, seed=settings.seed, stop_ids=self.chat_stop_ids if chat else ())
     try:
       ticket = self.worker.submit(request, asyncio.get_running_loop())

@@ -53,7 +53,7 @@ def test_prompt_over_the_buffer_and_outside_the_vocabulary(server):
     ("max_tokens", CACHE_LENGTH + 1), ("max_tokens", True), ("confidence", 0),
     ("confidence", 1.01), ("n", 2), ("seed", -1), ("stop", ["a", "b", "c", "d", "e"]),
     ("stop", ""), ("logprobs", True), ("echo", True), ("stream", "yes"),
-    ("presence_penalty", 0.5), ("best_of", 3),
+    ("presence_penalty", 0.5), ("best_of", 3), ("min_token_prob", 1.5), ("min_token_prob", -0.1),
 ])
 def test_knob_out_of_range(server, field, value):
   body = {"model": MODEL, "prompt": [1, 5], field: value}
