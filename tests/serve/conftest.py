@@ -121,6 +121,7 @@ class GatedEngine:
     self.engine = engine
     self.gate = threading.Event()
     self.decode = True
+    self.delay_s = 0.0                 # extra seconds per step (a slow engine)
     self.max_prompt_len = engine.max_prompt_len
     self.cancelled: list[int] = []
 
@@ -142,6 +143,7 @@ class GatedEngine:
   def step(self):
     while not self.gate.wait(0.05):
       pass
+    time.sleep(self.delay_s)
     return self.engine.step() if self.decode else []
 
 

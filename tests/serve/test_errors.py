@@ -135,3 +135,17 @@ def test_server_without_tokenizer(tiny_model):
     ok = _post(server, "/v1/completions", {"model": MODEL, "prompt": [1, 5], "max_tokens": 3})
     choice = ok.json()["choices"][0]
     assert choice["text"] == " ".join(str(t) for t in choice["token_ids"])
+
+
+def test_client_that_goes_away_is_cancelled(gated):
+  server, engine = gated
+  engine.delay_s = 0.2
+  engine.open()
+  body = {"model": MODEL, "prompt": [1, 5], "max_tokens": 60, "confidence": 1.0, "stream": True}
+  with httpx2.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
+    next(line for line in r.iter_lines() if line.startswith("data: "))   # then hang up
+  deadline = time.monotonic() + 30
+  while (server.service.worker.pending or engine.has_work()) and time.monotonic() < deadline:
+    time.sleep(0.05)
+  assert engine.cancelled == [0]                       # stopped early, not decoded to the end
+  assert server.service.worker.pending == 0
