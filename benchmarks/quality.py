@@ -2,6 +2,7 @@ r"""Speed-quality benchmark of the shipped HAMburger-SmolLM2 against its base, i
 
     python benchmarks/quality.py --out_dir benchmarks/results            # full (64 held-out prompts)
     python benchmarks/quality.py --num_prompts 4 --max_new_tokens 16     # quick
+    python benchmarks/quality.py --confidences 0.7,0.8 --min_token_probs 0,0.3,0.5  # trust sweep
 
 Speed is measured one prompt at a time by default (single-request latency, as in the paper);
 `--batch_size 0` decodes all prompts as one batch, where every macro step pays for the longest
@@ -45,6 +46,8 @@ def main(argv=None):
   parser.add_argument("--num_prompts", type=int, default=64)
   parser.add_argument("--max_new_tokens", type=int, default=96)
   parser.add_argument("--confidences", default="0.5,0.6,0.7,0.8,0.9,1.0")
+  parser.add_argument("--min_token_probs", default="0",
+                      help="decode-time trust thresholds swept with every confidence, e.g. 0,0.3,0.5")
   parser.add_argument("--asset_dir", default=smollm2.ASSET_DIR)
   parser.add_argument("--out_dir", default="")
   parser.add_argument("--repeats", type=int, default=1)
@@ -68,7 +71,8 @@ def main(argv=None):
       hamburger, base, scorer, prompts, [float(c) for c in args.confidences.split(",")],
       args.max_new_tokens, decode_text=tok.decode,
       code_prompt=[p["kind"] == "write" for p in items], repeats=args.repeats,
-      batch_size=args.batch_size or None)
+      batch_size=args.batch_size or None,
+      min_token_probs=[float(m) for m in args.min_token_probs.split(",")])
   result["seconds"] = time.time() - t0
   table = evaluation.format_table(result)
   print(table)

@@ -26,7 +26,9 @@ def small_model(seed: int = 0):
   return cfg, random_params(cfg, seed)
 
 
+@functools.lru_cache(maxsize=None)
 def small_sampler(seed: int = 0, **kwargs) -> Sampler:
+  """A shared sampler per setting (compiled functions are kept per sampler)."""
   cfg, params = small_model(seed)
   kwargs.setdefault("cache_length", CACHE_LENGTH)
   kwargs.setdefault("out_length", OUT_LENGTH)
@@ -104,7 +106,8 @@ def test_result_groups_cut_tokens_by_group_ids():
       out_tokens=np.array([[5, 6, 7, 8, 0]]), out_group=np.array([[0, 0, 1, 2, 0]]),
       out_logprob=np.zeros((1, 5)), out_logit=np.zeros((1, 5)), out_stop=np.zeros((1, 5)),
       num_out=np.array([4]), macro_steps=np.array([3]), done=np.array([True]),
-      finish=np.array([ds.LENGTH]), rng=None, iteration=np.array(3), knobs=None)
+      finish=np.array([ds.LENGTH]), rng=None, iteration=np.array(3), out_start=np.array([0]),
+      knobs=None, micro_policy=None)
   r = ds.DecodeResult.from_state(st, 1)
   assert r.groups(0) == [[5, 6], [7], [8]]
   assert r.prompt_lengths == [5] and r.finish_reasons == ["length"]

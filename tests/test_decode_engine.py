@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from hamburger_jax.decode import sampler as sampler_lib
+from hamburger_jax.decode import loop as loop_lib
 from hamburger_jax.decode.sampler import DecodeInputError
 from test_decode_common import (CACHE_LENGTH, check_against_teacher_forcing, small_model,
                                 small_sampler)
@@ -159,7 +159,7 @@ def test_streaming_yields_chunks_and_the_same_result():
 def test_no_recompilation_across_prompts_and_runtime_settings():
   # A buffer length no other test uses, so this engine starts uncompiled.
   sampler = small_sampler(0, cache_length=40, out_length=24)
-  before = dict(sampler_lib.TRACE_COUNTS)
+  before = dict(loop_lib.TRACE_COUNTS)
   runs = [
       dict(prompts=[PROMPTS[0]], max_new_tokens=24, confidence=0.8),
       dict(prompts=[PROMPTS[1]], max_new_tokens=5, confidence=0.3),
@@ -170,14 +170,14 @@ def test_no_recompilation_across_prompts_and_runtime_settings():
   outputs = []
   for run in runs:
     outputs.append(sampler.decode(run.pop("prompts"), **run))
-  traced = {k: sampler_lib.TRACE_COUNTS[k] - before.get(k, 0) for k in ("prefill", "loop")}
+  traced = {k: loop_lib.TRACE_COUNTS[k] - before.get(k, 0) for k in ("prefill", "loop")}
   assert traced == {"prefill": 1, "loop": 1}
   assert outputs[0].compile_s > 0 and all(o.compile_s == 0 for o in outputs[1:])
   assert [len(o.tokens[0]) for o in outputs[:3]] == [24, 5, 17]
   # A different batch bucket compiles once more; a different prompt bucket only the prefill.
   sampler.decode(PROMPTS[:2], max_new_tokens=3)
   sampler.decode([list(range(3, 30))], max_new_tokens=3)
-  traced = {k: sampler_lib.TRACE_COUNTS[k] - before.get(k, 0) for k in ("prefill", "loop")}
+  traced = {k: loop_lib.TRACE_COUNTS[k] - before.get(k, 0) for k in ("prefill", "loop")}
   assert traced == {"prefill": 3, "loop": 2}
 
 
@@ -185,14 +185,14 @@ def test_jit_cache_key_ignores_runtime_values():
   """Without the AOT cache: plain jax.jit of the loop traces once for different knob values."""
   sampler = small_sampler(0)
   # A fresh wrapper: jax keys its trace cache on the function, so nothing is cached yet.
-  loop = jax.jit(lambda *args: sampler_lib._loop(*args), static_argnums=0)
-  before = sampler_lib.TRACE_COUNTS["loop"]
+  loop = jax.jit(lambda *args: loop_lib.loop(*args), static_argnums=0)
+  before = loop_lib.TRACE_COUNTS["loop"]
   for confidence, n, temperature in ((0.9, 4, 0.0), (0.3, 7, 1.0), (0.6, 2, 0.5)):
     state, _ = sampler.start([PROMPTS[0]], max_new_tokens=n, confidence=confidence,
                              temperature=temperature)
     out = loop(sampler.engine, sampler.params, state, np.int32(1000))
     assert int(out.num_out[0]) == n
-  assert sampler_lib.TRACE_COUNTS["loop"] - before == 1
+  assert loop_lib.TRACE_COUNTS["loop"] - before == 1
 
 
 @pytest.mark.parametrize("prompts, knobs, message", [

@@ -1,9 +1,12 @@
-"""Decoding: the jitted macro-step loop (sampler.py), its state (state.py), token sampling
-(sampling.py), speed/quality evaluation against the base (evaluation.py) and decode.py's CLI
-(cli.py, render.py)."""
+"""Decoding: the device loop (loop.py: prefill, macro steps, micro steps) over a decode-model
+interface (models.py), its state (state.py), token sampling (sampling.py), static batching
+(sampler.py), continuous batching (batching.py over slots.py), speed/quality evaluation against
+the base (evaluation.py) and decode.py's CLI (cli.py, render.py)."""
 
+from hamburger_jax.decode.batching import Completion, ContinuousBatcher, Event, Request
 from hamburger_jax.decode.sampler import DecodeInputError, Sampler
 from hamburger_jax.decode.sampling import SamplingParams
 from hamburger_jax.decode.state import DecodeResult
 
-__all__ = ["DecodeInputError", "DecodeResult", "Sampler", "SamplingParams"]
+__all__ = ["Completion", "ContinuousBatcher", "DecodeInputError", "DecodeResult", "Event",
+           "Request", "Sampler", "SamplingParams"]

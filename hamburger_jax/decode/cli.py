@@ -47,6 +47,7 @@ class DecodeArgs:
   system: str | None = None         # system message for --chat
   max_new_tokens: int = 256
   confidence: float = 0.8
+  min_token_prob: float = 0.0       # a group goes on only while its drafted token's prob >= it
   temperature: float = 0.0          # 0 = greedy
   top_k: int = 0                    # 0 = off
   top_p: float = 1.0                # 1 = off
@@ -175,6 +176,7 @@ def _samplers(a: DecodeArgs, cfg, params, base_only: bool, prompts, tokenizer):
                     out_length=out_length, eos_ids=eos)
   sampler.check_prompts(prompts)
   knobs = dict(max_new_tokens=a.max_new_tokens, confidence=a.confidence,
+               min_token_prob=a.min_token_prob,
                temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, seed=a.seed,
                max_group=(a.max_group or None) if not base_only else None)
   base = None
@@ -277,6 +279,8 @@ _HELP = {
     "system": "system message for --chat",
     "max_new_tokens": "exact maximum of generated tokens per prompt",
     "confidence": "in (0, 1]: a group goes on while 1 - sigmoid(stop logit) >= confidence",
+    "min_token_prob": "in [0, 1]: a group also needs the micro decoder's probability of each "
+                      "drafted token >= this to go on (0 = off, 1 = one token per step)",
     "temperature": "sampling temperature (0 = greedy)",
     "top_k": "keep the k most likely tokens (0 = off)",
     "top_p": "nucleus sampling mass (1 = off)",

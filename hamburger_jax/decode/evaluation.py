@@ -1,6 +1,6 @@
 """Speed and quality of HAMburger decoding against its own base model, measured in one run.
 
-For each confidence: tokens per macro step, KV entries per generated token, decode tokens/s
+For each confidence (and each min_token_prob, the decode-time trust threshold): tokens per macro step, KV entries per generated token, decode tokens/s
 (ratio to the base), agreement with the base's greedy output (token level and exact match),
 the base model's mean negative log-likelihood of the generated text (HAMburger's vs the base's
 own), and, for code prompts, the fraction of answers whose Python code parses.
@@ -76,7 +76,7 @@ def measure(hamburger: Sampler, base: Sampler, scorer: BaseScorer, prompts: Sequ
             confidences: Sequence[float], max_new_tokens: int,
             decode_text: Callable[[Sequence[int]], str] | None = None,
             code_prompt: Sequence[bool] | None = None, repeats: int = 1,
-            batch_size: int | None = None) -> dict:
+            batch_size: int | None = None, min_token_probs: Sequence[float] = (0.0,)) -> dict:
   """Runs the base and HAMburger (greedy) on the same prompts -> a dict of rows and summary.
 
   batch_size: prompts decoded together (None = all at once). Speed depends on it: a batch runs
@@ -116,15 +116,16 @@ def measure(hamburger: Sampler, base: Sampler, scorer: BaseScorer, prompts: Sequ
       out["code_parses"] = float(np.mean([code_parses(t) for t in texts]))
     return out
 
-  rows = [{"model": "base", "confidence": None, "tokens": base_tokens,
+  rows = [{"model": "base", "confidence": None, "min_token_prob": None, "tokens": base_tokens,
            "tokens_per_step": 1.0, "kv_per_token": 1.0, "tokens_per_s": base_tps,
            "speedup": 1.0, **quality(base_run)}]
-  for conf in confidences:
-    run = timed(hamburger, confidence=conf)
+  for conf, trust in ((c, m) for m in min_token_probs for c in confidences):
+    run = timed(hamburger, confidence=conf, min_token_prob=trust)
     tokens = sum(len(t) for t in run.tokens)
     steps = sum(run.macro_steps)
     tps = tokens / run.decode_s
-    rows.append({"model": "hamburger", "confidence": conf, "tokens": tokens,
+    rows.append({"model": "hamburger", "confidence": conf, "min_token_prob": trust,
+                 "tokens": tokens,
                  "tokens_per_step": tokens / max(steps, 1), "kv_per_token": steps / max(tokens, 1),
                  "tokens_per_s": tps, "speedup": tps / base_tps, **quality(run)})
   return {"prompts": len(prompts), "max_new_tokens": max_new_tokens, "batch_size": size,
@@ -133,7 +134,7 @@ def measure(hamburger: Sampler, base: Sampler, scorer: BaseScorer, prompts: Sequ
 
 
 def format_table(result: dict) -> str:
-  cols = ["model", "confidence", "tokens_per_step", "kv_per_token", "tokens_per_s", "speedup",
+  cols = ["model", "confidence", "min_token_prob", "tokens_per_step", "kv_per_token", "tokens_per_s", "speedup",
           "token_agreement", "exact_match", "base_nll", "code_parses"]
   lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
   for row in result["rows"]:
@@ -146,21 +147,25 @@ def format_table(result: dict) -> str:
 
 
 def plot(result: dict, path: str) -> None:
-  """Speed-quality trade-off: tokens per step and speed-up vs agreement, one point per confidence."""
+  """Speed-quality trade-off: tokens per step and speed-up vs agreement, one point per confidence
+  (one line per min_token_prob)."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  rows = [r for r in result["rows"] if r["model"] == "hamburger"]
-  conf = [r["confidence"] for r in rows]
+  ham = [r for r in result["rows"] if r["model"] == "hamburger"]
   fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-  axes[0].plot(conf, [r["tokens_per_step"] for r in rows], "o-", label="tokens per macro step")
-  axes[0].plot(conf, [r["speedup"] for r in rows], "s-", label="tokens/s vs base")
+  for trust in sorted({r.get("min_token_prob") or 0.0 for r in ham}):
+    rows = [r for r in ham if (r.get("min_token_prob") or 0.0) == trust]
+    conf = [r["confidence"] for r in rows]
+    tag = f" (min_token_prob {trust})" if trust else ""
+    axes[0].plot(conf, [r["tokens_per_step"] for r in rows], "o-", label="tokens per macro step" + tag)
+    axes[0].plot(conf, [r["speedup"] for r in rows], "s-", label="tokens/s vs base" + tag)
+    axes[1].plot([r["tokens_per_step"] for r in rows], [r["token_agreement"] for r in rows], "o-")
+    for r in rows:
+      axes[1].annotate(f"{r['confidence']}", (r["tokens_per_step"], r["token_agreement"]))
   axes[0].set_xlabel("confidence")
   axes[0].legend()
   axes[0].grid(alpha=0.3)
-  axes[1].plot([r["tokens_per_step"] for r in rows], [r["token_agreement"] for r in rows], "o-")
-  for r in rows:
-    axes[1].annotate(f"{r['confidence']}", (r["tokens_per_step"], r["token_agreement"]))
   axes[1].set_xlabel("tokens per macro step")
   axes[1].set_ylabel("token agreement with base greedy")
   axes[1].grid(alpha=0.3)

@@ -3,9 +3,9 @@
     params = SamplingParams.make(temperature=0.7, top_k=40, top_p=0.95)
     tokens = sample_tokens(logits [B, V], key, params)          # -> [B] int32
 
-Every field of `SamplingParams` is a traced scalar array, so one compiled decode loop serves every
-setting: temperature 0 is greedy (argmax, no random draw), top_k 0 and top_p 1 switch those
-filters off. Filters run in the order top-k, then top-p on the renormalised top-k distribution.
+Every field of `SamplingParams` is a traced array, 0-d (one setting for the batch) or [B] (one
+per row), so one compiled decode loop serves every setting: temperature 0 is greedy (argmax, no
+random draw), top_k 0 and top_p 1 switch those filters off. Filters run in the order top-k, then top-p on the renormalised top-k distribution.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ _NEG_INF = -jnp.inf
 
 @flax.struct.dataclass
 class SamplingParams:
-  """Traced sampling knobs (0-d arrays)."""
-  temperature: jax.Array  # [] float32; <= 0 means greedy
-  top_k: jax.Array        # [] int32; <= 0 means no top-k filter
-  top_p: jax.Array        # [] float32; >= 1 means no top-p filter
+  """Traced sampling knobs ([] or [B] arrays)."""
+  temperature: jax.Array  # float32; <= 0 means greedy
+  top_k: jax.Array        # int32; <= 0 means no top-k filter
+  top_p: jax.Array        # float32; >= 1 means no top-p filter
 
   @classmethod
   def make(cls, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0) -> "SamplingParams":
@@ -41,8 +41,12 @@ class SamplingParams:
 
 
 def filter_logits(logits, top_k, top_p):
-  """Sets logits [B, V] outside the top-k / top-p nucleus to -inf (ties at the edge are kept)."""
+  """Sets logits [B, V] outside the top-k / top-p nucleus to -inf (ties at the edge are kept).
+
+  top_k, top_p: [] or [B].
+  """
   vocab = logits.shape[-1]
+  top_k, top_p = jnp.asarray(top_k)[..., None], jnp.asarray(top_p)[..., None]
   ordered = -jnp.sort(-logits, axis=-1)                                   # [B, V] descending
   k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)
   rank = jnp.arange(vocab)
@@ -59,17 +63,24 @@ def sample_tokens(logits, key, params: SamplingParams):
   """logits [B, V] float32 -> tokens [B] int32 (greedy when params.temperature <= 0)."""
   logits = logits.astype(jnp.float32)
 
-  def greedy():
-    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  is_greedy = jnp.broadcast_to(params.temperature <= 0.0, greedy.shape)
 
   def draw():
-    scaled = logits / jnp.maximum(params.temperature, 1e-6)
-    needs_filter = (params.top_k > 0) | (params.top_p < 1.0)
+    scaled = logits / jnp.maximum(params.temperature, 1e-6)[..., None]
+    needs_filter = jnp.any((params.top_k > 0) | (params.top_p < 1.0))
     scaled = jax.lax.cond(needs_filter, lambda x: filter_logits(x, params.top_k, params.top_p),
                           lambda x: x, scaled)
-    return jax.random.categorical(key, scaled, axis=-1).astype(jnp.int32)
+    return jnp.where(is_greedy, greedy, _categorical(key, scaled))
 
-  return jax.lax.cond(params.temperature <= 0.0, greedy, draw)
+  return jax.lax.cond(jnp.all(is_greedy), lambda: greedy, draw)
+
+
+def _categorical(key, logits):
+  """One draw per row of logits [B, V]: key is one PRNG key, or [B] keys (one per row)."""
+  if jnp.ndim(key) == 2 and key.shape[0] == logits.shape[0] and jnp.ndim(logits) == 2:
+    return jax.vmap(jax.random.categorical)(key, logits).astype(jnp.int32)
+  return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
 
 
 def token_log_probs(logits, tokens):

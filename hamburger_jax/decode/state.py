@@ -21,21 +21,71 @@ import numpy as np
 
 from hamburger_jax.decode.sampling import SamplingParams
 
-# Finish reasons (DecodeState.finish). RUNNING rows are still decoding.
-RUNNING, EOS, LENGTH, BUFFER_FULL, PADDING = 0, 1, 2, 3, 4
+# Finish reasons (DecodeState.finish). RUNNING rows are still decoding; STOP = an extra stop id.
+RUNNING, EOS, LENGTH, BUFFER_FULL, PADDING, STOP = 0, 1, 2, 3, 4, 5
 FINISH_NAMES = {RUNNING: "running", EOS: "eos", LENGTH: "length", BUFFER_FULL: "buffer_full",
-                PADDING: "padding"}
-MAX_EOS = 8  # static length of DecodeKnobs.eos_ids
+                PADDING: "padding", STOP: "stop"}
+MAX_EOS = 8   # static length of DecodeKnobs.eos_ids
+MAX_STOP = 8  # static length of DecodeKnobs.stop_ids
 
 
 @flax.struct.dataclass
 class DecodeKnobs:
-  """Per-call runtime settings, all traced 0-d arrays (changing them never recompiles)."""
-  confidence: jax.Array      # [] f32 in (0, 1]: continue a group while 1 - sigmoid(stop) >= it
-  max_new_tokens: jax.Array  # [] i32, 1 <= it <= N: exact output budget per row
-  max_group: jax.Array       # [] i32 in 1..S: runtime cap on the group size (1 = base decoding)
-  eos_ids: jax.Array         # [MAX_EOS] i32: end-of-sequence ids, padded with -1
-  sampling: SamplingParams   # temperature / top-k / top-p
+  """Per-row runtime settings, all traced arrays (changing them never recompiles)."""
+  confidence: jax.Array      # [B] f32 in (0, 1]: continue a group while 1 - sigmoid(stop) >= it
+  min_token_prob: jax.Array  # [B] f32 in [0, 1]: ... and while the drafted token's prob >= it
+  max_new_tokens: jax.Array  # [B] i32 >= 1: exact output budget of the row
+  max_group: jax.Array       # [B] i32 in 1..S: runtime cap on the group size (1 = base decoding)
+  eos_ids: jax.Array         # [B, MAX_EOS] i32: end-of-sequence ids, padded with -1
+  stop_ids: jax.Array        # [B, MAX_STOP] i32: extra stop ids (finish reason "stop"), -1 pads
+  sampling: SamplingParams   # temperature / top-k / top-p, each [B]
+
+  @classmethod
+  def make(cls, rows: int, *, confidence: float, min_token_prob: float, max_new_tokens: int,
+           max_group: int, eos_ids, sampling: SamplingParams, stop_ids=()) -> "DecodeKnobs":
+    """The same (already validated) settings for `rows` rows."""
+    fill = lambda value, dtype: jnp.full((rows,), value, dtype)
+    ids = lambda xs, n: jnp.tile(jnp.asarray(list(xs) + [-1] * (n - len(xs)), jnp.int32),
+                                 (rows, 1))
+    return cls(fill(confidence, jnp.float32), fill(min_token_prob, jnp.float32),
+               fill(max_new_tokens, jnp.int32), fill(max_group, jnp.int32),
+               ids(eos_ids, MAX_EOS), ids(stop_ids, MAX_STOP),
+               jax.tree_util.tree_map(lambda x: jnp.full((rows,), x), sampling))
+
+
+@flax.struct.dataclass
+class MicroPolicy:
+  """When the batch runs another micro step (traced, batch-wide).
+
+  It does while at least max(1, min(min_rows, R), ceil(fraction * R)) rows continue their
+  group, R = rows still decoding; rows cut short end their group there. "all" (min_rows 1,
+  fraction 0): while any row continues, so every row decodes exactly as it would alone.
+  """
+  min_rows: jax.Array   # [] i32
+  fraction: jax.Array   # [] f32
+
+  @classmethod
+  def parse(cls, spec: str) -> "MicroPolicy":
+    """"all" | "min_rows:K" (K >= 1) | "fraction:F" (0 <= F <= 1)."""
+    kind, _, value = spec.partition(":")
+    try:
+      if kind == "all" and not value:
+        return cls(jnp.int32(1), jnp.float32(0.0))
+      if kind == "min_rows" and int(value) >= 1:
+        return cls(jnp.int32(int(value)), jnp.float32(0.0))
+      if kind == "fraction" and 0.0 <= float(value) <= 1.0:
+        return cls(jnp.int32(1), jnp.float32(float(value)))
+    except ValueError:
+      pass
+    raise ValueError(f"Unknown micro_policy {spec!r}: use 'all', 'min_rows:K' (K >= 1) or "
+                     "'fraction:F' (0 <= F <= 1).")
+
+  def allows(self, continuing, running):
+    """continuing, running: [B] bool -> [] bool: run another micro step."""
+    r = jnp.sum(running, dtype=jnp.int32)
+    need = jnp.maximum(jnp.minimum(self.min_rows, r),
+                       jnp.ceil(self.fraction * r).astype(jnp.int32))
+    return jnp.sum(continuing & running, dtype=jnp.int32) >= jnp.maximum(need, 1)
 
 
 @flax.struct.dataclass
@@ -55,14 +105,17 @@ class DecodeState:
   macro_steps: jax.Array     # [B] i32: groups emitted so far (= base forwards of the row)
   done: jax.Array            # [B] bool: the row has finished
   finish: jax.Array          # [B] i32: finish reason (RUNNING, EOS, LENGTH, BUFFER_FULL, ..)
-  rng: jax.Array             # PRNG key; step keys are fold_in(rng, iteration, micro step)
+  rng: jax.Array             # [B, 2] PRNG key per row; step keys fold_in(macro step, micro step)
   iteration: jax.Array       # [] i32: loop iterations run so far (all rows)
-  knobs: DecodeKnobs         # traced runtime settings
+  out_start: jax.Array       # [B] i32: num_out at out_tokens[:, 0] (0 unless streamed in chunks)
+  knobs: DecodeKnobs         # traced per-row runtime settings
+  micro_policy: MicroPolicy  # traced batch-wide micro-step policy
 
 
 def init_state(cache, last_tokens, prompt_lengths, done, rng, knobs: DecodeKnobs,
-               max_steps: int, out_length: int) -> DecodeState:
-  """The state right after prefill. last_tokens [B]: each prompt's last token; lengths [B]."""
+               policy: MicroPolicy, max_steps: int, out_length: int) -> DecodeState:
+  """The state right after prefill. last_tokens [B]: each prompt's last token; lengths [B];
+  rng [B, 2]: one key per row."""
   b = last_tokens.shape[0]
   zeros = jnp.zeros((b, out_length), jnp.int32)
   fzeros = jnp.zeros((b, out_length), jnp.float32)
@@ -73,7 +126,8 @@ def init_state(cache, last_tokens, prompt_lengths, done, rng, knobs: DecodeKnobs
       out_logit=fzeros, out_stop=fzeros, num_out=jnp.zeros((b,), jnp.int32),
       macro_steps=jnp.zeros((b,), jnp.int32), done=done,
       finish=jnp.where(done, PADDING, RUNNING).astype(jnp.int32), rng=rng,
-      iteration=jnp.zeros((), jnp.int32), knobs=knobs)
+      iteration=jnp.zeros((), jnp.int32), out_start=jnp.zeros((b,), jnp.int32), knobs=knobs,
+      micro_policy=policy)
 
 
 def masked_set(buf, offsets, values, lengths):
@@ -112,7 +166,7 @@ class DecodeResult:
   @classmethod
   def from_state(cls, st: DecodeState, rows: int, **timings) -> "DecodeResult":
     """st: a DecodeState already on the host (numpy leaves); rows: real (unpadded) rows."""
-    n = np.asarray(st.num_out)
+    n = np.asarray(st.num_out) - np.asarray(st.out_start)
     take = lambda buf, cast: [[cast(x) for x in np.asarray(buf)[b, :n[b]]] for b in range(rows)]
     groups = np.asarray(st.out_group)
     sizes = [np.bincount(groups[b, :n[b]], minlength=int(st.macro_steps[b])).tolist()

@@ -1,0 +1,229 @@
+"""Continuous batching: a fixed number of row slots, refilled with waiting requests as rows finish.
+
+    batcher = ContinuousBatcher(cfg, params, num_slots=8, cache_length=1024, chunk_steps=8)
+    rid = batcher.submit(Request(prompt_ids=[1, 5, 7], max_new_tokens=64, confidence=0.8))
+    while batcher.has_work():
+      for event in batcher.step():             # admit waiting requests, run chunk_steps macro steps
+        print(event.request_id, event.new_tokens, event.finished, event.finish_reason)
+    completions = batcher.generate([Request(...), ...])      # or: run to completion, in order
+
+Each `step` prefills every waiting request that has a free slot (ONE row each, written into its
+slot: KV buffers, bookkeeping and knobs), then runs `chunk_steps` macro steps of the shared
+decode loop over all slots and returns one Event per running request. Every per-request setting
+lives in the state as a [B] array, so requests coming and going never recompile (one compile per
+prompt bucket for admission, one for the loop). Greedy answers equal `Sampler.decode([prompt])`
+of the same request alone under micro_policy "all". Produced tokens include the EOS or stop id
+that ended the request.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Sequence
+
+import jax
+import numpy as np
+
+from hamburger_jax.decode import loop as lp
+from hamburger_jax.decode import slots
+from hamburger_jax.decode import state as ds
+from hamburger_jax.decode.models import decode_model
+from hamburger_jax.decode.sampler import (DecodeInputError, check_confidence, check_ids,
+                                          check_prompt, make_sampling, pad_prefixes,
+                                          parse_policy, row_keys)
+
+
+@dataclasses.dataclass
+class Request:
+  prompt_ids: list[int]
+  max_new_tokens: int = 256
+  confidence: float = 0.8
+  min_token_prob: float = 0.0
+  temperature: float = 0.0
+  top_k: int = 0
+  top_p: float = 1.0
+  seed: int = 0
+  stop_ids: tuple[int, ...] = ()      # extra stop ids beside the model's EOS ids
+
+
+@dataclasses.dataclass
+class Event:
+  """What one engine step produced for one request."""
+  request_id: int
+  new_tokens: list[int]               # tokens produced since the previous event of this request
+  finished: bool
+  finish_reason: str | None           # "eos" | "length" | "stop" | "buffer_full" when finished
+  macro_steps: int                    # macro steps of this request so far (= KV entries of its answer)
+  tokens: int                         # tokens of this request so far
+
+
+@dataclasses.dataclass
+class Completion:
+  """A finished request, as `generate` returns it (DecodeResult's fields for one row)."""
+  request_id: int
+  prompt_ids: list[int]
+  tokens: list[int]
+  group_sizes: list[int]
+  logprobs: list[float]
+  finish_reason: str
+  macro_steps: int
+
+  def groups(self) -> list[list[int]]:
+    """The tokens cut into macro-step groups."""
+    ends = np.cumsum(self.group_sizes).tolist()
+    return [self.tokens[a:b] for a, b in zip([0] + ends[:-1], ends)]
+
+
+@dataclasses.dataclass
+class _Running:
+  """Host bookkeeping of an admitted request."""
+  request_id: int
+  request: Request
+  tokens: list[int] = dataclasses.field(default_factory=list)
+  group_ids: list[int] = dataclasses.field(default_factory=list)
+  logprobs: list[float] = dataclasses.field(default_factory=list)
+
+  def completion(self, reason: str, macro_steps: int) -> Completion:
+    sizes = np.bincount(self.group_ids, minlength=macro_steps).tolist()
+    return Completion(self.request_id, list(self.request.prompt_ids), self.tokens, sizes,
+                      self.logprobs, reason, macro_steps)
+
+
+class ContinuousBatcher:
+  """Continuous batching over `num_slots` rows (HAMburger, or the base alone with base=True).
+
+  cache_length: KV slots per row (prompt + one per macro step); eos_ids: empty = the model
+  config's. micro_policy: "all" (each request decodes exactly as alone), "min_rows:K" or
+  "fraction:F" (see `state.MicroPolicy`). Prefill lengths are padded to power-of-two buckets of at
+  least `min_prompt_bucket`.
+  """
+
+  def __init__(self, cfg, params, *, base: bool = False, num_slots: int = 8,
+               cache_length: int = 1024, chunk_steps: int = 8, eos_ids=(),
+               micro_policy: str = "all", min_prompt_bucket: int = 16):
+    for name, value in (("num_slots", num_slots), ("cache_length", cache_length),
+                        ("chunk_steps", chunk_steps)):
+      if value < 1:
+        raise DecodeInputError(f"{name} must be >= 1, got {value}.")
+    model, params = decode_model(cfg, params, base)
+    self.engine = lp.DecodeEngine(model, cache_length, chunk_steps * model.max_steps)
+    self.params = jax.device_put(params)
+    self.eos_ids = tuple(int(e) for e in eos_ids) or tuple(model.llama.eos_token_ids)
+    check_ids("EOS", self.eos_ids, ds.MAX_EOS)
+    self.num_slots, self.chunk_steps = num_slots, chunk_steps
+    self.min_prompt_bucket = min_prompt_bucket
+    self.max_prompt_len = cache_length
+    donate = {"admit": (2,), "chunk": (2,)} if jax.default_backend() != "cpu" else {}
+    self.executables = lp.Executables(self.engine, {"admit": slots.admit,
+                                                    "chunk": slots.run_chunk}, donate)
+    self.state = slots.empty_state(self.engine, num_slots, parse_policy(micro_policy))
+    self._slots: list[_Running | None] = [None] * num_slots
+    self._queue: collections.deque[tuple[int, Request]] = collections.deque()
+    self._cancel = np.zeros((num_slots,), bool)
+    self._keep: set[int] = set()
+    self._completed: dict[int, Completion] = {}
+    self._next_id = 0
+
+  @property
+  def compile_s(self) -> float:
+    return self.executables.compile_s
+
+  def set_micro_policy(self, spec: str) -> None:
+    """Switches the batch-wide micro-step policy (traced: no recompile)."""
+    self.state = self.state.replace(micro_policy=parse_policy(spec))
+
+  # -- requests --
+
+  def submit(self, request: Request) -> int:
+    """Validates the request and queues it -> its id (DecodeInputError, a ValueError, if bad)."""
+    rid = self._next_id
+    self._check(request, rid)
+    self._next_id += 1
+    self._queue.append((rid, request))
+    return rid
+
+  def _check(self, r: Request, rid: int) -> None:
+    check_prompt(r.prompt_ids, rid, self.engine.model.llama.vocab_size, self.max_prompt_len)
+    if r.max_new_tokens < 1:
+      raise DecodeInputError(f"max_new_tokens must be >= 1, got {r.max_new_tokens}.")
+    check_confidence(r.confidence, r.min_token_prob)
+    make_sampling(r.temperature, r.top_k, r.top_p)
+    check_ids("stop", r.stop_ids, ds.MAX_STOP)
+    if not 0 <= r.seed < 2**32:
+      raise DecodeInputError(f"seed must be in 0..2**32-1, got {r.seed}.")
+
+  def cancel(self, request_id: int) -> None:
+    """Drops a waiting request or frees a running one's slot (unknown or finished ids: no-op)."""
+    self._queue = collections.deque((i, r) for i, r in self._queue if i != request_id)
+    for slot, running in enumerate(self._slots):
+      if running is not None and running.request_id == request_id:
+        self._slots[slot] = None
+        self._cancel[slot] = True
+
+  def has_work(self) -> bool:
+    return bool(self._queue) or any(s is not None for s in self._slots)
+
+  # -- the engine step --
+
+  def step(self) -> list[Event]:
+    """Admits waiting requests into free slots, runs chunk_steps macro steps -> events."""
+    self._admit_waiting()
+    if all(s is None for s in self._slots):
+      return []
+    self.state = self.executables("chunk", self.params, self.state, self._cancel,
+                                  np.int32(self.chunk_steps))
+    self._cancel[:] = False
+    view = slots.chunk_view(self.state)
+    return [self._collect(slot, view) for slot in range(self.num_slots)
+            if self._slots[slot] is not None]
+
+  def _admit_waiting(self) -> None:
+    for slot in range(self.num_slots):
+      if not self._queue:
+        return
+      if self._slots[slot] is None:
+        rid, request = self._queue.popleft()
+        self._admit(slot, rid, request)
+
+  def _admit(self, slot: int, rid: int, r: Request) -> None:
+    prompt = [int(t) for t in r.prompt_ids]
+    length = min(lp.next_pow2(len(prompt) - 1, self.min_prompt_bucket), self.engine.cache_length)
+    prefix, last, lengths = pad_prefixes([prompt], 1, length)
+    knobs = ds.DecodeKnobs.make(
+        1, confidence=r.confidence, min_token_prob=r.min_token_prob,
+        max_new_tokens=min(r.max_new_tokens, np.iinfo(np.int32).max),
+        max_group=self.engine.max_steps, eos_ids=self.eos_ids, stop_ids=tuple(r.stop_ids),
+        sampling=make_sampling(r.temperature, r.top_k, r.top_p))
+    self.state = self.executables("admit", self.params, self.state, np.int32(slot), prefix, last,
+                                  lengths, knobs, row_keys([r.seed], [0]))
+    self._slots[slot] = _Running(rid, r)
+    self._cancel[slot] = False
+
+  def _collect(self, slot: int, view: dict) -> Event:
+    """The event of the request in `slot` from the chunk's host view; frees finished slots."""
+    running = self._slots[slot]
+    n = int(view["num_out"][slot] - view["out_start"][slot])
+    new = view["tokens"][slot, :n].tolist()
+    running.tokens += new
+    running.group_ids += view["group"][slot, :n].tolist()
+    running.logprobs += view["logprob"][slot, :n].tolist()
+    finished = bool(view["done"][slot])
+    reason = ds.FINISH_NAMES[int(view["finish"][slot])] if finished else None
+    steps = int(view["macro_steps"][slot])
+    if finished:
+      self._slots[slot] = None
+      if running.request_id in self._keep:
+        self._keep.discard(running.request_id)
+        self._completed[running.request_id] = running.completion(reason, steps)
+    return Event(running.request_id, new, finished, reason, steps, len(running.tokens))
+
+  # -- convenience --
+
+  def generate(self, requests: Sequence[Request]) -> list[Completion | None]:
+    """Submits the requests and steps until they are all finished -> completions in order."""
+    ids = [self.submit(r) for r in requests]
+    self._keep.update(ids)
+    while any(i not in self._completed for i in ids) and self.has_work():
+      self.step()
+    return [self._completed.pop(i, None) for i in ids]       # None: cancelled meanwhile

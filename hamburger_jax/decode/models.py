@@ -1,0 +1,99 @@
+"""The model side of the decode loop: one small interface, two implementations.
+
+    model, params = decode_model(cfg, params, base=False)
+    features, cache = model.forward(params, groups [B, T, S], lengths [B, T], positions [B, T],
+                                    cache, slots [B])             # features [B, T, F, D]
+    logits, stop = model.heads(params, hidden [B, D])             # [B, V], [B] float32
+    micro = model.micro_prefill(params, features [B, F, D])       # fresh micro KV cache
+    out, micro = model.micro_step(params, prev_tokens [B], j, micro)   # j >= 1, out [B, D]
+
+`HamburgerDecodeModel` runs the compositional embedder, the base and the micro-step decoder;
+`BaseDecodeModel` is the plain Llama (groups of one token, no micro steps: max_steps == 1).
+Both are frozen dataclasses holding only the config, so they are hashable compile-key parts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from hamburger_jax.model.config import HamburgerConfig, LlamaConfig
+from hamburger_jax.model.hamburger import HamburgerModel
+from hamburger_jax.model.llama import LlamaModel
+
+
+@dataclasses.dataclass(frozen=True)
+class HamburgerDecodeModel:
+  """HAMburger decoding: merged groups in, up to cfg.max_steps tokens out per macro step."""
+  cfg: HamburgerConfig
+
+  @property
+  def llama(self) -> LlamaConfig:
+    return self.cfg.base
+
+  @property
+  def max_steps(self) -> int:
+    return self.cfg.max_steps
+
+  def _apply(self, params, *args, method, **kwargs):
+    return HamburgerModel(self.cfg).apply({"params": params}, *args, method=method, **kwargs)
+
+  def forward(self, params, group_tokens, group_len, positions, cache, slots):
+    out = self._apply(params, group_tokens, group_len, positions, cache=cache, cache_slots=slots,
+                      method=HamburgerModel.base_forward)
+    return out.features, out.cache
+
+  def heads(self, params, hidden):
+    return self._apply(params, hidden, method=HamburgerModel.heads)
+
+  def micro_prefill(self, params, features):
+    return self._apply(params, features, method=HamburgerModel.micro_prefill)
+
+  def micro_step(self, params, prev_tokens, step, cache):
+    return self._apply(params, prev_tokens, step, cache, method=HamburgerModel.micro_step)
+
+
+@dataclasses.dataclass(frozen=True)
+class BaseDecodeModel:
+  """Plain base-model decoding: one token per macro step (features = the final hidden state)."""
+  cfg: LlamaConfig
+  max_steps: int = dataclasses.field(default=1, init=False)
+
+  @property
+  def llama(self) -> LlamaConfig:
+    return self.cfg
+
+  def forward(self, params, group_tokens, group_len, positions, cache, slots):
+    del group_len                                           # always 1
+    out = LlamaModel(self.cfg).apply({"params": params}, group_tokens[..., 0],
+                                     positions=positions, cache=cache, cache_slots=slots,
+                                     return_logits=False)
+    return out.hidden[:, :, None], out.cache
+
+  def heads(self, params, hidden):
+    logits = LlamaModel(self.cfg).apply({"params": params}, hidden, method=LlamaModel.logits)
+    return logits, jnp.zeros(hidden.shape[:1], jnp.float32)
+
+  def micro_prefill(self, params, features):
+    raise NotImplementedError("Base decoding has no micro steps (max_steps == 1).")
+
+  def micro_step(self, params, prev_tokens, step, cache):
+    raise NotImplementedError("Base decoding has no micro steps (max_steps == 1).")
+
+
+DecodeModel = HamburgerDecodeModel | BaseDecodeModel
+
+
+def decode_model(cfg, params, base: bool = False) -> tuple[DecodeModel, dict]:
+  """(cfg, params) of a HAMburger or a Llama model -> (decode model, the params it reads).
+
+  With `base=True` a HAMburger model decodes with its base alone (params["base"]).
+  """
+  if isinstance(cfg, HamburgerConfig):
+    if base:
+      return BaseDecodeModel(cfg.base), params["base"]
+    return HamburgerDecodeModel(cfg), params
+  if isinstance(cfg, LlamaConfig):
+    return BaseDecodeModel(cfg), params
+  raise TypeError(f"Expected a HamburgerConfig or a LlamaConfig, got {type(cfg).__name__}.")
