@@ -17,7 +17,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import importlib
-import inspect
 from typing import Iterator
 
 from hamburger_jax.decode.sampler import Sampler
@@ -109,7 +108,6 @@ class SerialEngine:
     self.sampler = Sampler(cfg, params, base=base, cache_length=cache_length,
                            out_length=cache_length, eos_ids=self.eos_ids,
                            min_prompt_bucket=min_prompt_bucket)
-    self._sampler_knobs = inspect.signature(self.sampler.make_knobs).parameters
     self.max_prompt_len = cache_length
     self.chunk_steps = chunk_steps
     self._waiting: collections.OrderedDict[int, Request] = collections.OrderedDict()
@@ -117,18 +115,14 @@ class SerialEngine:
     self._next_id = 0
 
   def _knobs(self, r: Request) -> dict:
-    knobs = dict(confidence=r.confidence, temperature=r.temperature, top_k=r.top_k,
-                 top_p=r.top_p, eos_ids=list(self.eos_ids) + [int(i) for i in r.stop_ids])
-    if r.min_token_prob:
-      knobs["min_token_prob"] = r.min_token_prob
-    return knobs
+    return dict(confidence=r.confidence, min_token_prob=r.min_token_prob,
+                temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
+                stop_ids=tuple(int(i) for i in r.stop_ids))
 
   def submit(self, request: Request) -> int:
     """Validates the request (ValueError naming the problem) and queues it; -> its id."""
-    if request.min_token_prob and "min_token_prob" not in self._sampler_knobs:
-      raise ValueError("min_token_prob is not supported by this installation's sampler.")
     self.sampler.check_prompts([request.prompt_ids])
-    self.sampler.make_knobs(request.max_new_tokens, **self._knobs(request))
+    self.sampler.make_knobs(1, request.max_new_tokens, **self._knobs(request))
     rid, self._next_id = self._next_id, self._next_id + 1
     self._waiting[rid] = request
     return rid
@@ -159,8 +153,6 @@ class SerialEngine:
     if finished:
       run.stream.close()
       self._running = None
-      if reason == "eos" and tokens and tokens[-1] not in self.eos_ids:
-        reason = "stop"                                   # one of the request's own stop ids
     event = Event(run.request_id, tokens[run.sent:], finished, reason if finished else None,
                   snap.macro_steps[0], len(tokens))
     run.sent = len(tokens)

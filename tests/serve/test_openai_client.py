@@ -8,19 +8,23 @@ import pytest
 
 from conftest import CACHE_LENGTH, MODEL
 from hamburger_jax.decode.sampler import Sampler
+from hamburger_jax.serve.service import FINISH
 
 
 def _client(server) -> openai.OpenAI:
   return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
 
 
-def _alone(tiny_model, prompt_ids, max_tokens, stop_ids=(), confidence=0.5):
-  """The same request decoded alone with the sampler (greedy)."""
+@pytest.fixture(scope="module")
+def alone(tiny_model):
+  """decode(prompt_ids, max_tokens, stop_ids=()): the same request decoded alone (greedy)."""
   cfg, params = tiny_model
-  eos = list(cfg.base.eos_token_ids) + list(stop_ids)
-  sampler = Sampler(cfg, params, cache_length=CACHE_LENGTH, out_length=CACHE_LENGTH, eos_ids=eos)
-  return sampler.decode([prompt_ids], max_new_tokens=max_tokens, confidence=confidence,
-                        temperature=0.0)
+  sampler = Sampler(cfg, params, cache_length=CACHE_LENGTH, out_length=CACHE_LENGTH)
+
+  def decode(prompt_ids, max_tokens, stop_ids=(), confidence=0.5):
+    return sampler.decode([prompt_ids], max_new_tokens=max_tokens, confidence=confidence,
+                          temperature=0.0, stop_ids=tuple(stop_ids))
+  return decode
 
 
 def _check_usage(usage, prompt_tokens, tokens, steps=None):
@@ -35,26 +39,26 @@ def _check_usage(usage, prompt_tokens, tokens, steps=None):
   assert ham["kv_entries_base"] == prompt_tokens + tokens - 1
 
 
-def test_completion_token_ids_match_decoding_alone(server, tiny_model):
+def test_completion_token_ids_match_decoding_alone(server, alone):
   client = _client(server)
   prompt = [1, 5, 7, 9]
   out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=20, temperature=0,
                                   extra_body={"confidence": 0.5})
-  ref = _alone(tiny_model, prompt, 20)
+  ref = alone(prompt, 20)
   choice = out.choices[0]
   assert choice.model_extra["token_ids"] == ref.tokens[0]
-  assert choice.finish_reason == {"eos": "stop"}.get(ref.finish_reasons[0], "length")
+  assert choice.finish_reason == FINISH[ref.finish_reasons[0]]
   _check_usage(out.usage, len(prompt), len(ref.tokens[0]), ref.macro_steps[0])
   assert out.usage.model_extra["hamburger"]["macro_steps"] < len(ref.tokens[0])  # groups > 1
 
 
-def test_chat_text_and_usage(server, tiny_model, tokenizer):
+def test_chat_text_and_usage(server, alone, tokenizer):
   client = _client(server)
   messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello cat"}]
   out = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16,
                                        temperature=0, extra_body={"confidence": 0.5})
   prompt = tokenizer.encode("hello cat", chat=True, system="be brief")
-  ref = _alone(tiny_model, prompt, 16, stop_ids=tokenizer.stop_ids(chat=True))
+  ref = alone(prompt, 16, stop_ids=tokenizer.stop_ids(chat=True))
   msg = out.choices[0].message
   assert msg.role == "assistant"
   assert msg.content == tokenizer.decode(ref.tokens[0])
