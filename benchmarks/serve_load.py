@@ -1,0 +1,214 @@
+"""Serving under load: many greedy requests, a fixed number in flight, through the OpenAI API.
+
+    python benchmarks/serve_load.py                            # tiny random weights, both engines
+    python benchmarks/serve_load.py --requests 200 --concurrency 16 --engines serial,continuous
+    python benchmarks/serve_load.py --ckpt smollm2 --max_tokens 128
+
+For each engine, serve.py runs in a subprocess on 127.0.0.1 (token-id prompts, /v1/completions)
+and is warmed up with a few requests; then --requests requests (random prompts and max_tokens
+from a fixed seed) are sent by the `openai` client, --concurrency at a time. Checks: every
+response arrives, and its tokens equal the same request decoded alone (`Sampler.decode`, greedy,
+same KV buffer). Reports p50 / p99 latency, output tokens/s over the whole run, and the ratio of
+each engine's throughput to the serial engine's (one request at a time). Writes
+<out_dir>/serve_load.json. Random weights (no --ckpt) say nothing about a trained model's
+group lengths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from report import markdown_table, write_json  # noqa: E402  pylint: disable=import-error
+from hamburger_jax.decode import cli as decode_cli  # noqa: E402
+from hamburger_jax.decode.sampler import Sampler  # noqa: E402
+from hamburger_jax.model.config import HamburgerConfig  # noqa: E402
+from hamburger_jax.serve import engines  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# --- the load (also used by tests/serve/test_load.py) ---------------------------------------------
+
+def make_workload(n: int, seed: int, vocab: int, prompt_lens=(2, 16), max_tokens=(8, 48)):
+  """n (prompt ids, max_tokens) pairs drawn from `seed` (ids 3.. to keep BOS/EOS out)."""
+  rng = np.random.default_rng(seed)
+  out = []
+  for _ in range(n):
+    length = int(rng.integers(prompt_lens[0], prompt_lens[1] + 1))
+    out.append((rng.integers(3, vocab, length).tolist(),
+                int(rng.integers(max_tokens[0], max_tokens[1] + 1))))
+  return out
+
+
+async def _one(client, model, prompt, max_tokens, confidence, sem, i):
+  async with sem:
+    t0 = time.perf_counter()
+    out = await client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens,
+                                          temperature=0, extra_body={"confidence": confidence})
+    choice = out.choices[0]
+    return {"index": i, "latency_s": time.perf_counter() - t0,
+            "token_ids": choice.model_extra["token_ids"], "finish_reason": choice.finish_reason,
+            "macro_steps": out.usage.model_extra["hamburger"]["macro_steps"]}
+
+
+async def run_load(base_url: str, model: str, workload, concurrency: int,
+                   confidence: float = 0.8) -> tuple[list[dict | BaseException], float]:
+  """Sends every request (at most `concurrency` in flight) -> (results by index, wall seconds).
+  A request that failed is its exception."""
+  import openai  # pylint: disable=g-import-not-at-top
+  sem = asyncio.Semaphore(concurrency)
+  async with openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0,
+                                timeout=3600) as client:
+    t0 = time.perf_counter()
+    results = await asyncio.gather(
+        *[_one(client, model, p, m, confidence, sem, i) for i, (p, m) in enumerate(workload)],
+        return_exceptions=True)
+    return list(results), time.perf_counter() - t0
+
+
+def reference_tokens(cfg, params, workload, cache_length: int, confidence: float,
+                     base: bool = False) -> list[list[int]]:
+  """Each request decoded alone with the sampler (greedy, the model's EOS ids)."""
+  llama = cfg.base if isinstance(cfg, HamburgerConfig) else cfg
+  sampler = Sampler(cfg, params, base=base, cache_length=cache_length, out_length=cache_length,
+                    eos_ids=llama.eos_token_ids)
+  return [sampler.decode([p], max_new_tokens=m, confidence=confidence, temperature=0.0).tokens[0]
+          for p, m in workload]
+
+
+def summarize(results, wall_s: float, references) -> dict:
+  """Latency percentiles, throughput, and the checks against decoding alone."""
+  ok = [r for r in results if isinstance(r, dict)]
+  lat = np.array([r["latency_s"] for r in ok]) if ok else np.zeros(1)
+  tokens = sum(len(r["token_ids"]) for r in ok)
+  mismatched = [r["index"] for r in ok if r["token_ids"] != references[r["index"]]]
+  return {"requests": len(results), "answered": len(ok),
+          "failed": [repr(r) for r in results if not isinstance(r, dict)][:5],
+          "mismatched": mismatched, "identical_to_alone": not mismatched and len(ok) == len(results),
+          "latency_p50_s": float(np.percentile(lat, 50)),
+          "latency_p99_s": float(np.percentile(lat, 99)), "wall_s": wall_s,
+          "output_tokens": tokens, "tokens_per_s": tokens / wall_s,
+          "requests_per_s": len(ok) / wall_s,
+          "tokens_per_macro_step": tokens / max(sum(r["macro_steps"] for r in ok), 1)}
+
+
+# --- the benchmark: serve.py subprocesses -----------------------------------------------------------
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _start_server(args, engine: str, port: int) -> subprocess.Popen:
+  cmd = [sys.executable, os.path.join(REPO, "serve.py"), "--ckpt", args.ckpt, "--token_ids",
+         "--engine", engine, "--port", str(port), "--cache_length", str(args.cache_length),
+         "--chunk_steps", str(args.chunk_steps), "--num_slots", str(args.num_slots),
+         "--max_queue", str(args.requests), "--model_id", "bench", "--log_level", "warning"]
+  return subprocess.Popen(cmd, cwd=REPO, stderr=subprocess.PIPE, text=True)
+
+
+def wait_healthy(proc, url: str, seconds: float = 900) -> None:
+  """Polls GET /health until 200 (RuntimeError if `proc` exits or time runs out)."""
+  import httpx2  # pylint: disable=g-import-not-at-top
+  deadline = time.monotonic() + seconds
+  while time.monotonic() < deadline:
+    if proc.poll() is not None:
+      raise RuntimeError(f"serve.py exited: {proc.stderr.read()}")
+    try:
+      if httpx2.get(url + "/health", timeout=2).status_code == 200:
+        return
+    except httpx2.TransportError:
+      pass
+    time.sleep(0.5)
+  raise RuntimeError("serve.py did not start in time")
+
+
+def bench_engine(args, engine: str, workload, references) -> dict:
+  """One engine: start serve.py, warm up, run the load, stop it with SIGTERM."""
+  port = _free_port()
+  url = f"http://127.0.0.1:{port}"
+  proc = _start_server(args, engine, port)
+  try:
+    wait_healthy(proc, url)
+    warm = workload[:args.num_slots]                    # compiles every bucket the load uses
+    asyncio.run(run_load(url, "bench", warm, args.concurrency, args.confidence))
+    results, wall = asyncio.run(run_load(url, "bench", workload, args.concurrency,
+                                         args.confidence))
+  finally:
+    proc.send_signal(signal.SIGTERM)
+    code = proc.wait(120)
+  out = summarize(results, wall, references)
+  out.update(engine=engine, exit_code=code)
+  return out
+
+
+def _load_model(args):
+  dargs = decode_cli._resolve(decode_cli.DecodeArgs(ckpt=args.ckpt, token_ids=True))
+  return decode_cli._load(dargs)                        # (cfg, params, base_only)
+
+
+def _table(rows) -> str:
+  header = ["engine", "answered", "identical", "p50 s", "p99 s", "tokens/s", "x serial"]
+  return markdown_table(header, [
+      [r["engine"], f"{r['answered']}/{r['requests']}", r["identical_to_alone"],
+       f"{r['latency_p50_s']:.3f}", f"{r['latency_p99_s']:.3f}", f"{r['tokens_per_s']:.1f}",
+       f"{r.get('throughput_vs_serial', float('nan')):.2f}"] for r in rows])
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--ckpt", default=None, help="any decode.py checkpoint (default: tiny random)")
+  p.add_argument("--engines", default="serial,continuous")
+  p.add_argument("--requests", type=int, default=200)
+  p.add_argument("--concurrency", type=int, default=16)
+  p.add_argument("--num_slots", type=int, default=16)
+  p.add_argument("--cache_length", type=int, default=128)
+  p.add_argument("--chunk_steps", type=int, default=8)
+  p.add_argument("--max_tokens", type=int, default=64, help="largest max_tokens of a request")
+  p.add_argument("--confidence", type=float, default=0.8)
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--out_dir", default=".")
+  args = p.parse_args(argv)
+  if args.ckpt is None:
+    from hamburger_jax.testing.fixtures import make_tiny_checkpoint  # pylint: disable=g-import-not-at-top
+    args.ckpt = make_tiny_checkpoint(os.path.join(tempfile.mkdtemp(), "tiny_ckpt"), args.seed)
+  cfg, params, base_only = _load_model(args)
+  vocab = (cfg.base if isinstance(cfg, HamburgerConfig) else cfg).vocab_size
+  workload = make_workload(args.requests, args.seed, vocab,
+                           max_tokens=(max(1, args.max_tokens // 4), args.max_tokens))
+  refs = reference_tokens(cfg, params, workload, args.cache_length, args.confidence, base_only)
+  names = args.engines.split(",")
+  if "continuous" in names and not engines.continuous_available():
+    print("The continuous engine is not installed: benchmarking the serial engine only.")
+    names.remove("continuous")
+  rows = [bench_engine(args, e, workload, refs) for e in names]
+  serial = next((r for r in rows if r["engine"] == "serial"), None)
+  for r in rows:
+    if serial is not None:
+      r["throughput_vs_serial"] = r["tokens_per_s"] / serial["tokens_per_s"]
+  import jax  # pylint: disable=g-import-not-at-top
+  result = {"machine": f"{platform.platform()}; {os.cpu_count()} CPU cores; device "
+                       f"{jax.devices()[0].device_kind}", "ckpt": args.ckpt,
+            "settings": {k: v for k, v in vars(args).items() if k != "out_dir"}, "engines": rows}
+  write_json(result, os.path.join(args.out_dir, "serve_load.json"))
+  print(_table(rows))
+  return 0 if all(r["identical_to_alone"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())

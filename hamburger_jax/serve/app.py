@@ -1,0 +1,111 @@
+"""The HTTP side: a FastAPI app with OpenAI's completion routes over a `Service`.
+
+    app = create_app(service)      # then uvicorn.run(app, host="127.0.0.1", port=8000)
+
+Routes: POST /v1/chat/completions, POST /v1/completions (both streamed with "stream": true),
+GET /v1/models, GET /health (200 while serving, 503 while shutting down). Errors are OpenAI error
+objects: 400 bad request, 404 unknown model or route, 408 request timeout, 503 queue full (with
+Retry-After) or shutting down. The engine worker starts and stops with the app's lifespan.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import fastapi
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from hamburger_jax.serve import protocol
+from hamburger_jax.serve.protocol import ApiError
+from hamburger_jax.serve.responses import DONE, Formatter, sse
+from hamburger_jax.serve.service import Run, Service
+
+
+def _error_response(e: ApiError) -> JSONResponse:
+  return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+
+async def _collect(run: Run, fmt: Formatter) -> dict:
+  texts, ids = [], []
+  async for piece in run.pieces():
+    texts.append(piece.text)
+    ids.extend(piece.token_ids)
+    if piece.finish_reason is not None:
+      return fmt.full("".join(texts), ids, piece.finish_reason, piece.usage)
+  raise RuntimeError("The request ended without a finish reason.")
+
+
+async def _stream(run: Run, fmt: Formatter):
+  """SSE chunks, then [DONE]; an error after the first byte is sent as an error event."""
+  first = True
+  try:
+    async for piece in run.pieces():
+      if piece.text or piece.finish_reason or first:
+        yield sse(fmt.chunk(piece.text, piece.token_ids, piece.finish_reason, first))
+        first = False
+      if piece.finish_reason is not None and run.settings.include_usage:
+        yield sse(fmt.usage_chunk(piece.usage))
+  except ApiError as e:
+    yield sse(e.body())
+  yield DONE
+
+
+async def _complete(request: fastapi.Request, chat: bool):
+  service: Service = request.app.state.service
+  body = protocol.parse_body(await request.body())
+  protocol.check_model(body, service.model_id)
+  settings = protocol.parse_settings(body, service.limits)
+  if chat:
+    ids = service.encode_chat(protocol.chat_messages(body))
+  else:
+    ids = service.encode_completion(protocol.completion_prompt(body))
+  run = service.start(ids, settings, chat)
+  fmt = Formatter(chat, service.model_id)
+  if settings.stream:
+    return StreamingResponse(_stream(run, fmt), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache"})
+  return JSONResponse(await _collect(run, fmt))
+
+
+def create_app(service: Service) -> fastapi.FastAPI:
+  """The ASGI app; its lifespan starts the engine worker and closes it at shutdown."""
+
+  @contextlib.asynccontextmanager
+  async def lifespan(app):
+    service.worker.start()
+    yield
+    service.worker.close()
+
+  app = fastapi.FastAPI(title="HAMburger", lifespan=lifespan, docs_url=None, redoc_url=None)
+  app.state.service = service
+
+  @app.exception_handler(ApiError)
+  async def _api_error(request, e: ApiError):
+    return _error_response(e)
+
+  @app.exception_handler(HTTPException)
+  async def _http_error(request, e: HTTPException):
+    kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
+    return _error_response(ApiError(e.status_code, f"{request.method} {request.url.path}: "
+                                                   f"{e.detail}", kind=kind))
+
+  @app.post("/v1/chat/completions")
+  async def chat_completions(request: fastapi.Request):
+    return await _complete(request, chat=True)
+
+  @app.post("/v1/completions")
+  async def completions(request: fastapi.Request):
+    return await _complete(request, chat=False)
+
+  @app.get("/v1/models")
+  async def models():
+    return {"object": "list", "data": [{"id": service.model_id, "object": "model",
+                                        "created": 0, "owned_by": "hamburger_jax"}]}
+
+  @app.get("/health")
+  async def health():
+    info = service.health()
+    return JSONResponse(info, status_code=503 if service.draining else 200)
+
+  return app

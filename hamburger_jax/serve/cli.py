@@ -1,0 +1,210 @@
+"""The library side of `serve.py` / `python -m hamburger_jax.serve`: load, build, serve.
+
+    python -m hamburger_jax.serve --ckpt smollm2 --port 8000
+    python serve.py --ckpt /tmp/tiny_ckpt --token_ids --engine serial
+
+Checkpoints load as in decode.py (`--ckpt smollm2` is the shipped model with its tokenizer and
+system prompt). Bad arguments exit with code 2 and one line on stderr. SIGTERM (or Ctrl-C) stops
+taking connections, answers new requests on open ones with 503, lets running requests finish for
+up to --shutdown_timeout seconds (then answers them with an error) and exits with code 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import signal
+import sys
+from typing import Sequence
+
+from hamburger_jax.convert import CheckpointError
+from hamburger_jax.decode import cli as decode_cli
+from hamburger_jax.decode.sampler import DecodeInputError
+from hamburger_jax.model.config import HamburgerConfig
+from hamburger_jax.serve import engines
+from hamburger_jax.serve.protocol import Limits
+from hamburger_jax.serve.service import Service
+from hamburger_jax.serve.worker import EngineWorker
+from hamburger_jax.text.tokenizer import TokenizerError
+
+_log = logging.getLogger("hamburger_jax.serve")
+
+
+class UsageError(ValueError):
+  """A bad command line (the message says what to change)."""
+
+
+def _flag(default, help_text: str):
+  return dataclasses.field(default=default, metadata={"help": help_text})
+
+
+@dataclasses.dataclass
+class ServeArgs:
+  """Everything the server accepts (field = flag)."""
+  ckpt: str | None = _flag(
+      None, "hamburger_jax export dir, HF Llama dir, original HAMburger checkpoint (with "
+            "--base_config), or 'smollm2' (the shipped model)")
+  base_config: str | None = _flag(None, "HF config.json of the base model (original checkpoints)")
+  tokenizer: str | None = _flag(None, "tokenizer.json or its directory (default: beside --ckpt)")
+  token_ids: bool = _flag(False, "no tokenizer: completions take and return token ids")
+  system: str | None = _flag(None, "system message of chat requests that give none")
+  base: bool = _flag(False, "plain base-model decoding (the speed baseline)")
+  engine: str | None = _flag(
+      None, "'continuous' (batched) or 'serial' (one request at a time); default: continuous "
+            "when installed, else serial")
+  num_slots: int = _flag(8, "requests decoded together (continuous engine)")
+  cache_length: int = _flag(1024, "KV slots per request (bounds the prompt length)")
+  chunk_steps: int = _flag(8, "macro steps between two event deliveries")
+  micro_policy: str = _flag("all", "continuous engine's micro-step policy")
+  min_prompt_bucket: int = _flag(16, "smallest prefill length bucket")
+  host: str = _flag("127.0.0.1", "address to listen on (127.0.0.1: this machine only)")
+  port: int = _flag(8000, "port to listen on")
+  model_id: str | None = _flag(
+      None, "the model name clients send (default: hamburger-<ckpt name>)")
+  max_queue: int = _flag(64, "requests waiting for a slot before 503")
+  request_timeout: float = _flag(600.0, "seconds before a request is cancelled and answered 408")
+  max_tokens: int = _flag(0, "largest max_tokens accepted (0 = cache_length)")
+  default_max_tokens: int = _flag(256, "max_tokens of requests that give none (at most the "
+                                                 "limit)")
+  temperature: float = _flag(1.0, "temperature of requests that give none (OpenAI's default)")
+  confidence: float = _flag(0.8, "confidence of requests that give none")
+  shutdown_timeout: float = _flag(30.0, "seconds running requests get after SIGTERM")
+  warmup: bool = _flag(True, "compile with one short request before listening")
+  log_level: str = _flag("info", "uvicorn log level")
+
+
+def check_args(a: ServeArgs) -> None:
+  """Fails fast, before any loading or compiling."""
+  if not a.ckpt:
+    raise UsageError("--ckpt is required (a hamburger_jax export dir, an HF Llama dir, an "
+                     "original HAMburger checkpoint with --base_config, or 'smollm2').")
+  if a.engine is not None and a.engine not in engines.ENGINES:
+    raise UsageError(f"--engine must be one of {engines.ENGINES}, got {a.engine!r}.")
+  positive = ("num_slots", "cache_length", "chunk_steps", "min_prompt_bucket", "max_queue",
+              "default_max_tokens")
+  for name in positive:
+    if getattr(a, name) < 1:
+      raise UsageError(f"--{name} must be >= 1, got {getattr(a, name)}.")
+  if not 0 < a.port < 65536:
+    raise UsageError(f"--port must be in 1..65535, got {a.port}.")
+  if a.max_tokens < 0:
+    raise UsageError(f"--max_tokens must be >= 0 (0 = --cache_length), got {a.max_tokens}.")
+  if not (a.request_timeout > 0 and a.shutdown_timeout > 0):
+    raise UsageError("--request_timeout and --shutdown_timeout must be > 0.")
+  if not 0 <= a.temperature <= 2 or not 0 < a.confidence <= 1:
+    raise UsageError("--temperature must be in [0, 2] and --confidence in (0, 1].")
+
+
+def engine_kind(requested: str | None) -> str:
+  """The engine to run: `requested`, or continuous when installed, else serial (logged)."""
+  if requested == "continuous":
+    engines.continuous_class()             # EngineUnavailable names the fix
+  if requested is not None:
+    return requested
+  if engines.continuous_available():
+    return "continuous"
+  _log.warning("The continuous-batching engine (hamburger_jax/decode/batching.py) is not "
+               "installed: serving one request at a time (--engine serial).")
+  return "serial"
+
+
+def default_model_id(ckpt: str) -> str:
+  return "hamburger-" + os.path.basename(os.path.normpath(ckpt))
+
+
+def service_for(engine, cfg, tokenizer, a: ServeArgs, kind: str) -> Service:
+  """The Service around `engine` (its worker not started yet)."""
+  request_cls, _ = engines.records()
+  limit = a.max_tokens or a.cache_length
+  limits = Limits(max_tokens=limit, default_max_tokens=min(a.default_max_tokens, limit),
+                  default_temperature=a.temperature, default_confidence=a.confidence)
+  llama = cfg.base if isinstance(cfg, HamburgerConfig) else cfg
+  slots = a.num_slots if kind == "continuous" else 1
+  return Service(EngineWorker(engine, capacity=slots + a.max_queue),
+                 a.model_id or default_model_id(a.ckpt), tokenizer=tokenizer,
+                 vocab_size=llama.vocab_size, max_prompt_len=engine.max_prompt_len,
+                 limits=limits, request_cls=request_cls, request_timeout=a.request_timeout,
+                 system=a.system, engine_name=kind)
+
+
+def warm_up(engine, request_cls) -> None:
+  """Compiles the engine's steps with one short request (before the worker thread exists)."""
+  engine.submit(request_cls(prompt_ids=[0], max_new_tokens=2))
+  while engine.has_work():
+    engine.step()
+
+
+def build(a: ServeArgs) -> Service:
+  """Loads the checkpoint and tokenizer and builds the engine and the Service."""
+  check_args(a)
+  dargs = decode_cli._resolve(decode_cli.DecodeArgs(   # pylint: disable=protected-access
+      ckpt=a.ckpt, base_config=a.base_config, tokenizer=a.tokenizer, token_ids=a.token_ids,
+      system=a.system))
+  tokenizer = decode_cli._tokenizer(dargs)              # pylint: disable=protected-access
+  kind = engine_kind(a.engine)
+  cfg, params, base_only = decode_cli._load(            # pylint: disable=protected-access
+      dataclasses.replace(dargs, base=a.base))
+  llama = cfg.base if isinstance(cfg, HamburgerConfig) else cfg
+  engine = engines.make_engine(
+      kind, cfg, params, base=base_only, num_slots=a.num_slots, cache_length=a.cache_length,
+      chunk_steps=a.chunk_steps, eos_ids=tuple(llama.eos_token_ids),
+      micro_policy=a.micro_policy, min_prompt_bucket=a.min_prompt_bucket)
+  if a.warmup:
+    warm_up(engine, engines.records()[0])
+  return service_for(engine, cfg, tokenizer, dataclasses.replace(a, system=dargs.system), kind)
+
+
+def serve(service: Service, a: ServeArgs) -> None:
+  """Runs uvicorn until SIGTERM / SIGINT; drains as described in the module docstring."""
+  import uvicorn  # pylint: disable=g-import-not-at-top
+  from hamburger_jax.serve.app import create_app  # pylint: disable=g-import-not-at-top
+
+  class _Server(uvicorn.Server):
+    def handle_exit(self, sig, frame):
+      if not service.draining:
+        service.start_draining(max(a.shutdown_timeout - 1.0, a.shutdown_timeout / 2))
+      super().handle_exit(sig, frame)
+
+  config = uvicorn.Config(create_app(service), host=a.host, port=a.port, log_level=a.log_level,
+                          timeout_graceful_shutdown=a.shutdown_timeout)
+  # uvicorn re-raises the stop signal after its graceful shutdown: by then the work is done.
+  signal.signal(signal.SIGTERM, signal.SIG_IGN)
+  _Server(config).run()
+
+
+# --- command line ---------------------------------------------------------------------------------
+
+class _Parser(argparse.ArgumentParser):
+  def error(self, message):
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def parse_args(argv: Sequence[str]) -> ServeArgs:
+  parser = _Parser(prog="serve.py", description="Serve a HAMburger checkpoint over an OpenAI-"
+                   "compatible HTTP API.")
+  for f in dataclasses.fields(ServeArgs):
+    default = f.default
+    if isinstance(default, bool):
+      parser.add_argument(f"--{f.name}", action=argparse.BooleanOptionalAction, default=default,
+                          help=f.metadata["help"])
+    else:
+      kind = {"int": int, "float": float}.get(str(f.type), str)
+      parser.add_argument(f"--{f.name}", type=kind, default=default, help=f.metadata["help"])
+  return ServeArgs(**vars(parser.parse_args(argv)))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  """Parses, builds and serves; returns the exit code (2 with one line for unusable input)."""
+  logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+  try:
+    a = parse_args(sys.argv[1:] if argv is None else argv)
+    service = build(a)
+  except (UsageError, DecodeInputError, CheckpointError, TokenizerError, ValueError,
+          engines.EngineUnavailable, decode_cli.UsageError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  serve(service, a)
+  return 0

@@ -1,0 +1,177 @@
+"""Decode engines behind the server: the continuous batcher, or one request at a time.
+
+Both have the interface of `hamburger_jax.decode.batching.ContinuousBatcher`:
+
+    engine = make_engine("serial", cfg, params, cache_length=256, chunk_steps=8, eos_ids=(2,))
+    rid = engine.submit(Request(prompt_ids=[1, 5, 7], max_new_tokens=32))
+    while engine.has_work():
+      for event in engine.step():            # Event(request_id, new_tokens, finished, ...)
+        ...
+
+`SerialEngine` decodes the oldest waiting request alone with `Sampler.stream` (chunk_steps macro
+steps per `step()`): the one-at-a-time baseline that continuous batching is measured against.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import importlib
+from typing import Iterator
+
+from hamburger_jax.decode.sampler import Sampler
+from hamburger_jax.decode.state import DecodeResult
+from hamburger_jax.model.config import HamburgerConfig
+
+ENGINES = ("continuous", "serial")
+
+
+class EngineUnavailable(RuntimeError):
+  """The requested engine is not part of this installation."""
+
+
+# The request/event records of the batcher's interface (used when the batcher is not installed).
+@dataclasses.dataclass
+class Request:
+  """One generation request (token ids in, knobs as in `Sampler.decode`)."""
+  prompt_ids: list[int]
+  max_new_tokens: int = 256
+  confidence: float = 0.8
+  min_token_prob: float = 0.0
+  temperature: float = 0.0
+  top_k: int = 0
+  top_p: float = 1.0
+  seed: int = 0
+  stop_ids: tuple[int, ...] = ()      # extra stop ids beside the model's EOS ids
+
+
+@dataclasses.dataclass
+class Event:
+  """New tokens of one request since its last event."""
+  request_id: int
+  new_tokens: list[int]
+  finished: bool
+  finish_reason: str | None           # "eos" | "length" | "stop" | "buffer_full" when finished
+  macro_steps: int                    # so far, for this request
+  tokens: int
+
+
+_BATCHING = "hamburger_jax.decode.batching"
+
+
+def _batching():
+  """The continuous batcher's module, or None when this installation has none."""
+  try:
+    return importlib.import_module(_BATCHING)
+  except ModuleNotFoundError as e:
+    if e.name != _BATCHING:
+      raise
+    return None
+
+
+def continuous_available() -> bool:
+  return _batching() is not None
+
+
+def records():
+  """-> (Request, Event) classes: the batcher's when it is installed, else this module's."""
+  module = _batching()
+  return (Request, Event) if module is None else (module.Request, module.Event)
+
+
+@dataclasses.dataclass
+class _Running:
+  request_id: int
+  request: Request
+  stream: Iterator[DecodeResult]
+  sent: int = 0                       # tokens already returned in events
+
+
+class SerialEngine:
+  """One request at a time (FIFO), `chunk_steps` macro steps per `step()`.
+
+  num_slots must be 1; micro_policy must be "all" (the sampler's only policy).
+  """
+
+  def __init__(self, cfg, params, *, base: bool = False, num_slots: int = 1,
+               cache_length: int = 1024, chunk_steps: int = 8, eos_ids=(),
+               micro_policy: str = "all", min_prompt_bucket: int = 16):
+    if num_slots != 1:
+      raise ValueError(f"SerialEngine decodes one request at a time: num_slots must be 1, got "
+                       f"{num_slots}.")
+    if micro_policy != "all":
+      raise ValueError(f"SerialEngine supports micro_policy 'all' only, got {micro_policy!r}.")
+    if chunk_steps < 1:
+      raise ValueError(f"chunk_steps must be >= 1, got {chunk_steps}.")
+    llama = cfg.base if isinstance(cfg, HamburgerConfig) else cfg
+    self.eos_ids = tuple(int(e) for e in eos_ids) or tuple(llama.eos_token_ids)
+    self.sampler = Sampler(cfg, params, base=base, cache_length=cache_length,
+                           out_length=cache_length, eos_ids=self.eos_ids,
+                           min_prompt_bucket=min_prompt_bucket)
+    self.max_prompt_len = cache_length
+    self.chunk_steps = chunk_steps
+    self._waiting: collections.OrderedDict[int, Request] = collections.OrderedDict()
+    self._running: _Running | None = None
+    self._next_id = 0
+
+  def _knobs(self, r: Request) -> dict:
+    return dict(confidence=r.confidence, min_token_prob=r.min_token_prob,
+                temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
+                stop_ids=tuple(int(i) for i in r.stop_ids))
+
+  def submit(self, request: Request) -> int:
+    """Validates the request (ValueError naming the problem) and queues it; -> its id."""
+    self.sampler.check_prompts([request.prompt_ids])
+    self.sampler.make_knobs(1, request.max_new_tokens, **self._knobs(request))
+    rid, self._next_id = self._next_id, self._next_id + 1
+    self._waiting[rid] = request
+    return rid
+
+  def cancel(self, request_id: int) -> None:
+    """Drops a waiting or running request (no further events for it)."""
+    self._waiting.pop(request_id, None)
+    if self._running is not None and self._running.request_id == request_id:
+      self._running.stream.close()
+      self._running = None
+
+  def has_work(self) -> bool:
+    return self._running is not None or bool(self._waiting)
+
+  def step(self) -> list[Event]:
+    """Starts the oldest waiting request if none runs, then decodes chunk_steps macro steps."""
+    if self._running is None:
+      if not self._waiting:
+        return []
+      rid, r = self._waiting.popitem(last=False)
+      stream = self.sampler.stream([r.prompt_ids], max_new_tokens=r.max_new_tokens,
+                                   chunk_steps=self.chunk_steps, seed=r.seed, **self._knobs(r))
+      self._running = _Running(rid, r, stream)
+    run = self._running
+    snap = next(run.stream)
+    tokens, reason = snap.tokens[0], snap.finish_reasons[0]
+    finished = reason != "running"
+    if finished:
+      run.stream.close()
+      self._running = None
+    event = Event(run.request_id, tokens[run.sent:], finished, reason if finished else None,
+                  snap.macro_steps[0], len(tokens))
+    run.sent = len(tokens)
+    return [event]
+
+
+def make_engine(kind: str, cfg, params, **kwargs):
+  """-> an engine of `kind` ("continuous" or "serial"); kwargs as in ContinuousBatcher."""
+  if kind == "serial":
+    return SerialEngine(cfg, params, **dict(kwargs, num_slots=1))
+  if kind != "continuous":
+    raise ValueError(f"Unknown engine {kind!r}: use one of {ENGINES}.")
+  return continuous_class()(cfg, params, **kwargs)
+
+
+def continuous_class():
+  """The continuous batcher's class (EngineUnavailable when it is not installed)."""
+  module = _batching()
+  if module is None:
+    raise EngineUnavailable(f"The continuous-batching engine ({_BATCHING}) is not in this "
+                            "installation: pass --engine serial.")
+  return module.ContinuousBatcher

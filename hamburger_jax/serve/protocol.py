@@ -1,0 +1,208 @@
+"""OpenAI request bodies -> validated generation settings; errors as OpenAI error objects.
+
+    body = parse_body(raw_bytes)                          # ApiError(400) for invalid JSON
+    check_model(body, "hamburger-smollm2")                # ApiError(404) for another model
+    settings = parse_settings(body, limits)               # ApiError(400) naming the field
+    messages = chat_messages(body)                        # /v1/chat/completions
+    prompt = completion_prompt(body)                      # /v1/completions: text or token ids
+
+Extensions beside OpenAI's fields: `top_k` (0 = off), `confidence` (HAMburger's stop-head
+threshold in (0, 1]: a macro step's group goes on while 1 - p_stop >= it) and `min_token_prob`
+(in [0, 1]: a group also needs each drafted token's probability >= it; 0 = off).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import secrets
+from typing import Any
+
+MAX_STOP_STRINGS = 4
+SEED_LIMIT = 2**31
+
+
+class ApiError(Exception):
+  """An HTTP error with an OpenAI-style body: {"error": {"message", "type", "param", "code"}}."""
+
+  def __init__(self, status: int, message: str, param: str | None = None,
+               kind: str = "invalid_request_error", code: str | None = None,
+               headers: dict[str, str] | None = None):
+    super().__init__(message)
+    self.status, self.message, self.param = status, message, param
+    self.kind, self.code, self.headers = kind, code, headers or {}
+
+  def body(self) -> dict:
+    return {"error": {"message": self.message, "type": self.kind, "param": self.param,
+                      "code": self.code}}
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+  """Server-side bounds of a request."""
+  max_tokens: int                   # largest max_tokens accepted
+  default_max_tokens: int           # used when a request gives none
+  default_temperature: float = 1.0  # OpenAI's default
+  default_confidence: float = 0.8
+
+
+@dataclasses.dataclass
+class Settings:
+  """Validated knobs of one request."""
+  max_tokens: int
+  temperature: float
+  top_p: float
+  top_k: int
+  seed: int
+  confidence: float
+  min_token_prob: float
+  stop: list[str]
+  stream: bool
+  include_usage: bool
+
+
+def parse_body(raw: bytes) -> dict:
+  try:
+    body = json.loads(raw)
+  except (ValueError, UnicodeDecodeError) as e:
+    raise ApiError(400, f"The request body is not valid JSON ({e}).") from e
+  if not isinstance(body, dict):
+    raise ApiError(400, f"The request body must be a JSON object, got {type(body).__name__}.")
+  return body
+
+
+def check_model(body: dict, model_id: str) -> None:
+  model = body.get("model")
+  if model is None:
+    raise ApiError(400, f"'model' is required: this server serves {model_id!r}.", "model")
+  if model != model_id:
+    raise ApiError(404, f"The model {model!r} does not exist: this server serves {model_id!r}.",
+                   "model", code="model_not_found")
+
+
+def _number(body: dict, name: str, default, lo: float, hi: float, *, integer: bool = False,
+            lo_open: bool = False, what: str = ""):
+  """body[name] (default when absent or null) checked to be a finite number in [lo, hi]."""
+  value = body.get(name)
+  if value is None:
+    return default
+  kinds = (int,) if integer else (int, float)
+  if isinstance(value, bool) or not isinstance(value, kinds):
+    raise ApiError(400, f"'{name}' must be {'an integer' if integer else 'a number'}, got "
+                        f"{value!r}.", name)
+  low = "(" if lo_open else "["
+  if not (math.isfinite(value) and (value > lo if lo_open else value >= lo) and value <= hi):
+    raise ApiError(400, f"'{name}' must be in {low}{lo}, {hi}]{what}, got {value!r}.", name)
+  return int(value) if integer else float(value)
+
+
+_NEUTRAL = {"n": (1,), "best_of": (1,), "echo": (False,), "logprobs": (False, 0),
+            "top_logprobs": (0,), "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0),
+            "logit_bias": ({},), "suffix": ("",), "tools": ([],), "functions": ([],)}
+
+
+def _unsupported(body: dict) -> None:
+  """OpenAI fields this server does not implement: accepted only absent or at a neutral value."""
+  for name, neutral in _NEUTRAL.items():
+    value = body.get(name)
+    if value is not None and not any(type(value) is type(a) and value == a for a in neutral):
+      raise ApiError(400, f"'{name}' = {value!r} is not supported by this server (allowed: "
+                          f"{list(neutral)} or absent).", name)
+  fmt = body.get("response_format")
+  if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+    raise ApiError(400, "'response_format' other than {\"type\": \"text\"} is not supported.",
+                   "response_format")
+
+
+def _stop_strings(body: dict) -> list[str]:
+  stop = body.get("stop")
+  if stop is None:
+    return []
+  stops = [stop] if isinstance(stop, str) else stop
+  if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+    raise ApiError(400, f"'stop' must be a non-empty string or a list of them, got {stop!r}.",
+                   "stop")
+  if len(stops) > MAX_STOP_STRINGS:
+    raise ApiError(400, f"'stop' holds at most {MAX_STOP_STRINGS} strings, got {len(stops)}.",
+                   "stop")
+  return stops
+
+
+def _flag(body: dict, name: str) -> bool:
+  value = body.get(name, False)
+  if value is None:
+    return False
+  if not isinstance(value, bool):
+    raise ApiError(400, f"'{name}' must be true or false, got {value!r}.", name)
+  return value
+
+
+def parse_settings(body: dict, limits: Limits) -> Settings:
+  """The knobs shared by both endpoints, each checked (ApiError 400 naming the field)."""
+  _unsupported(body)
+  name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+  max_tokens = _number(body, name, limits.default_max_tokens, 1, limits.max_tokens, integer=True,
+                       what=" (the server's limit)")
+  options = body.get("stream_options") or {}
+  if not isinstance(options, dict):
+    raise ApiError(400, f"'stream_options' must be an object, got {options!r}.", "stream_options")
+  seed = body.get("seed")
+  return Settings(
+      max_tokens=max_tokens,
+      temperature=_number(body, "temperature", limits.default_temperature, 0.0, 2.0),
+      top_p=_number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True),
+      top_k=_number(body, "top_k", 0, 0, 2**31 - 1, integer=True),
+      seed=(secrets.randbelow(SEED_LIMIT) if seed is None
+            else _number(body, "seed", 0, 0, SEED_LIMIT - 1, integer=True)),
+      confidence=_number(body, "confidence", limits.default_confidence, 0.0, 1.0, lo_open=True),
+      min_token_prob=_number(body, "min_token_prob", 0.0, 0.0, 1.0),
+      stop=_stop_strings(body), stream=_flag(body, "stream"),
+      include_usage=_flag(options, "include_usage"))
+
+
+def _content_text(content: Any, index: int) -> str:
+  """A message's content: a string, or a list of {"type": "text", "text": ...} parts."""
+  if isinstance(content, str):
+    return content
+  if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                       and isinstance(p.get("text"), str) for p in content):
+    return "".join(p["text"] for p in content)
+  raise ApiError(400, f"messages[{index}].content must be a string or a list of text parts "
+                      "(other content types are not supported).", f"messages[{index}].content")
+
+
+ROLES = ("system", "developer", "user", "assistant")
+
+
+def chat_messages(body: dict) -> list[dict[str, str]]:
+  """body["messages"] -> [{"role", "content"}] ("developer" is read as "system")."""
+  messages = body.get("messages")
+  if not isinstance(messages, list) or not messages:
+    raise ApiError(400, "'messages' must be a non-empty list of {\"role\", \"content\"} objects.",
+                   "messages")
+  out = []
+  for i, m in enumerate(messages):
+    if not isinstance(m, dict) or m.get("role") not in ROLES:
+      raise ApiError(400, f"messages[{i}] must be an object whose 'role' is one of {ROLES}.",
+                     f"messages[{i}].role")
+    role = "system" if m["role"] == "developer" else m["role"]
+    out.append({"role": role, "content": _content_text(m.get("content"), i)})
+  if out[-1]["role"] == "assistant":
+    raise ApiError(400, "The last message must not be the assistant's (continuing an assistant "
+                        "turn is not supported).", "messages")
+  return out
+
+
+def completion_prompt(body: dict) -> str | list[int]:
+  """body["prompt"]: a string or a list of token ids (or a one-element list of either)."""
+  prompt = body.get("prompt")
+  if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+    prompt = prompt[0]                                     # a batch of one
+  if isinstance(prompt, str) and prompt:
+    return prompt
+  if (isinstance(prompt, list) and prompt
+      and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)):
+    return prompt
+  raise ApiError(400, "'prompt' must be a non-empty string or a non-empty list of token ids "
+                      "(one prompt per request).", "prompt")

@@ -1,0 +1,61 @@
+"""OpenAI response bodies: whole completions, streamed chunks (server-sent events), errors.
+
+    fmt = Formatter(chat=True, model="hamburger-smollm2")
+    fmt.full(text, token_ids, "stop", usage)       # a chat.completion object
+    sse(fmt.chunk("Hel", [17], None, first=True))  # b'data: {...chat.completion.chunk...}\\n\\n'
+
+Each choice also carries `token_ids` (the generated ids of that response or chunk): an extension
+that clients which do not know it ignore.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+DONE = b"data: [DONE]\n\n"
+
+
+def sse(obj: dict) -> bytes:
+  """One server-sent event carrying `obj` as JSON."""
+  return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+class Formatter:
+  """Bodies of one response (chat or text completion), with one id and creation time."""
+
+  def __init__(self, chat: bool, model: str):
+    self.chat, self.model = chat, model
+    self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+    self.created = int(time.time())
+
+  def _envelope(self, obj: str, choices: list, usage: dict | None = None) -> dict:
+    body = {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+            "choices": choices}
+    if usage is not None:
+      body["usage"] = usage
+    return body
+
+  def full(self, text: str, token_ids: list[int], finish_reason: str, usage: dict) -> dict:
+    """The non-streamed response."""
+    choice = {"index": 0, "finish_reason": finish_reason, "token_ids": token_ids}
+    if self.chat:
+      choice["message"] = {"role": "assistant", "content": text}
+      return self._envelope("chat.completion", [choice], usage)
+    choice.update(text=text, logprobs=None)
+    return self._envelope("text_completion", [choice], usage)
+
+  def chunk(self, text: str, token_ids: list[int], finish_reason: str | None,
+            first: bool = False) -> dict:
+    """One streamed chunk (the chat role is sent with the first)."""
+    choice = {"index": 0, "finish_reason": finish_reason, "token_ids": token_ids}
+    if self.chat:
+      choice["delta"] = {"role": "assistant", "content": text} if first else {"content": text}
+      return self._envelope("chat.completion.chunk", [choice])
+    choice.update(text=text, logprobs=None)
+    return self._envelope("text_completion", [choice])
+
+  def usage_chunk(self, usage: dict) -> dict:
+    """The last chunk with stream_options.include_usage: no choices, the usage."""
+    return self._envelope("chat.completion.chunk" if self.chat else "text_completion", [], usage)

@@ -1,0 +1,189 @@
+"""One request's life on the server side: prompt -> engine request -> text pieces with usage.
+
+    service = Service(worker, "hamburger-smollm2", tokenizer=tok, vocab_size=49152, ...)
+    ids = service.encode_chat(messages)                  # or encode_completion(prompt)
+    run = service.start(ids, settings, chat=True)        # ApiError 503 when the queue is full
+    async for piece in run.pieces():                     # Piece(text, token_ids, finish, usage)
+      ...
+
+Runs on the server's event loop and never calls JAX: the engine lives on the worker's thread.
+Tokenizing and detokenizing happen here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from typing import AsyncIterator, Sequence
+
+from hamburger_jax.serve.protocol import ApiError, Limits, Settings
+from hamburger_jax.serve.text import TextOutput
+from hamburger_jax.serve.worker import EngineWorker, Failure, QueueFull, ShuttingDown
+
+_POLL_S = 0.5           # how often a waiting request rechecks its deadline
+_RETRY_AFTER_S = "1"
+# The engine's finish reasons in OpenAI's words.
+FINISH = {"eos": "stop", "stop": "stop", "length": "length", "buffer_full": "length"}
+
+
+@dataclasses.dataclass
+class Piece:
+  """New output of one request; the last piece has finish_reason and usage set."""
+  text: str
+  token_ids: list[int]
+  finish_reason: str | None = None
+  usage: dict | None = None
+
+
+def usage(prompt_tokens: int, tokens: int, macro_steps: int) -> dict:
+  """OpenAI usage plus HAMburger's statistics. kv_entries: KV slots the request filled (its
+  prompt, then one per macro step but the last); kv_entries_base: the same for one token a step."""
+  return {"prompt_tokens": prompt_tokens, "completion_tokens": tokens,
+          "total_tokens": prompt_tokens + tokens,
+          "hamburger": {"macro_steps": macro_steps,
+                        "tokens_per_macro_step": round(tokens / max(macro_steps, 1), 4),
+                        "kv_entries": prompt_tokens + max(macro_steps - 1, 0),
+                        "kv_entries_base": prompt_tokens + max(tokens - 1, 0)}}
+
+
+def _encode_messages(tokenizer, messages: list[dict], system: str | None) -> list[int]:
+  """Chat ids. Adapter for a Tokenizer whose encode takes one user turn (delete once
+  `Tokenizer.encode` takes a message list everywhere)."""
+  if hasattr(tokenizer, "chat_parts"):        # the Tokenizer renders whole conversations
+    return tokenizer.encode(messages, chat=True, system=system)
+  systems = [m["content"] for m in messages if m["role"] == "system"]
+  turns = [m for m in messages if m["role"] != "system"]
+  if len(turns) != 1 or turns[0]["role"] != "user":
+    raise ApiError(400, "This server takes one user message (plus system messages) per chat "
+                        "request.", "messages")
+  return tokenizer.encode(turns[0]["content"], chat=True,
+                          system="\n".join(systems) if systems else system)
+
+
+class Service:
+  """What the HTTP routes call: encoding, admission, and the per-request event stream."""
+
+  def __init__(self, worker: EngineWorker, model_id: str, *, tokenizer, vocab_size: int,
+               max_prompt_len: int, limits: Limits, request_cls, request_timeout: float,
+               system: str | None = None, engine_name: str = ""):
+    self.worker, self.model_id, self.tokenizer = worker, model_id, tokenizer
+    self.vocab_size, self.max_prompt_len, self.limits = vocab_size, max_prompt_len, limits
+    self.request_cls, self.request_timeout = request_cls, request_timeout
+    self.system, self.engine_name = system, engine_name
+    self.chat_stop_ids = tuple(tokenizer.stop_ids(chat=True)) if tokenizer is not None else ()
+    self.draining = False
+    self.drain_deadline: float | None = None      # time.monotonic() when draining requests are answered
+
+  # -- prompts --
+
+  def encode_chat(self, messages: list[dict]) -> list[int]:
+    if self.tokenizer is None:
+      raise ApiError(400, "This server has no tokenizer: send token-id prompts to "
+                          "/v1/completions.", "messages")
+    try:
+      ids = _encode_messages(self.tokenizer, messages, self.system)
+    except ValueError as e:                    # TokenizerError: no chat template, bad message
+      raise ApiError(400, str(e), "messages") from e
+    return self.check_prompt(ids, "messages")
+
+  def encode_completion(self, prompt: str | list[int]) -> list[int]:
+    if isinstance(prompt, str):
+      if self.tokenizer is None:
+        raise ApiError(400, "This server has no tokenizer: give 'prompt' as a list of token "
+                            "ids.", "prompt")
+      prompt = self.tokenizer.encode(prompt)
+    return self.check_prompt(prompt, "prompt")
+
+  def check_prompt(self, ids: Sequence[int], param: str) -> list[int]:
+    ids = [int(i) for i in ids]
+    if not ids:
+      raise ApiError(400, "The prompt encodes to no tokens.", param)
+    if len(ids) > self.max_prompt_len:
+      raise ApiError(400, f"The prompt has {len(ids)} tokens but the KV buffer holds "
+                          f"{self.max_prompt_len}: shorten it.", param,
+                     code="context_length_exceeded")
+    bad = [i for i in ids if not 0 <= i < self.vocab_size]
+    if bad:
+      raise ApiError(400, f"Token id {bad[0]} is outside the vocabulary "
+                          f"(0..{self.vocab_size - 1}).", param)
+    return ids
+
+  # -- running --
+
+  def start(self, prompt_ids: list[int], settings: Settings, chat: bool) -> "Run":
+    """Submits the request (ApiError 503 with Retry-After when it cannot be queued)."""
+    if settings.stop and self.tokenizer is None:
+      raise ApiError(400, "'stop' strings need a tokenizer; this server has none.", "stop")
+    if self.draining:
+      raise ApiError(503, "The server is shutting down.", kind="server_error",
+                     code="shutting_down")
+    request = self.request_cls(
+        prompt_ids=prompt_ids, max_new_tokens=settings.max_tokens,
+        confidence=settings.confidence, min_token_prob=settings.min_token_prob,
+        temperature=settings.temperature, top_k=settings.top_k,
+        top_p=settings.top_p, seed=settings.seed, stop_ids=self.chat_stop_ids if chat else ())
+    try:
+      ticket = self.worker.submit(request, asyncio.get_running_loop())
+    except QueueFull as e:
+      raise ApiError(503, f"{e} Retry shortly.", kind="server_error", code="queue_full",
+                     headers={"Retry-After": _RETRY_AFTER_S}) from e
+    except ShuttingDown as e:
+      raise ApiError(503, str(e), kind="server_error", code="shutting_down") from e
+    return Run(self, ticket, len(prompt_ids), settings, time.monotonic() + self.request_timeout)
+
+  def start_draining(self, grace_s: float) -> None:
+    """New requests get 503; running ones are answered at the latest `grace_s` from now."""
+    self.draining = True
+    self.drain_deadline = time.monotonic() + grace_s
+
+  def health(self) -> dict:
+    return {"status": "draining" if self.draining else "ok", "model": self.model_id,
+            "engine": self.engine_name, "pending": self.worker.pending,
+            "capacity": self.worker.capacity, **self.worker.stats}
+
+
+class Run:
+  """One submitted request: `pieces()` yields its output until it finishes."""
+
+  def __init__(self, service: Service, ticket, prompt_tokens: int, settings: Settings,
+               deadline: float):
+    self.service, self.ticket, self.prompt_tokens = service, ticket, prompt_tokens
+    self.settings, self.deadline = settings, deadline
+    self.text = TextOutput(service.tokenizer, settings.stop)
+
+  async def _next_item(self):
+    """The next engine item, or ApiError once the request timeout (or the drain) has passed."""
+    while True:
+      drain, now = self.service.drain_deadline, time.monotonic()
+      if now >= self.deadline:
+        raise ApiError(408, f"The request took longer than the server's timeout of "
+                            f"{self.service.request_timeout:g} s.", kind="timeout",
+                       code="request_timeout")
+      if drain is not None and now >= drain:
+        raise ApiError(503, "The server shut down before this request finished.",
+                       kind="server_error", code="shutting_down")
+      try:
+        return await asyncio.wait_for(self.ticket.queue.get(), _POLL_S)
+      except asyncio.TimeoutError:
+        continue
+
+  async def pieces(self) -> AsyncIterator[Piece]:
+    finished = False
+    try:
+      while not finished:
+        item = await self._next_item()
+        if isinstance(item, Failure):
+          raise ApiError(item.status, item.message,
+                         kind="invalid_request_error" if item.status < 500 else "server_error")
+        text, stopped = self.text.add(item.new_tokens, final=item.finished)
+        finished = item.finished or stopped
+        if not finished:
+          yield Piece(text, list(item.new_tokens))
+          continue
+        reason = "stop" if stopped else FINISH.get(item.finish_reason, "stop")
+        yield Piece(text, list(item.new_tokens), reason,
+                    usage(self.prompt_tokens, item.tokens, item.macro_steps))
+    finally:
+      if not self.ticket.done:                  # timeout, drain, client gone, stop string
+        self.service.worker.cancel(self.ticket)

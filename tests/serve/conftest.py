@@ -1,0 +1,155 @@
+"""Shared setup of the server tests: a tiny random model, a word tokenizer covering its vocabulary,
+and servers on free 127.0.0.1 ports (uvicorn in a thread, or serve.py in a subprocess). Puts
+benchmarks/ on sys.path (the load client is benchmarks/serve_load.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import uvicorn
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import models, pre_tokenizers
+
+from hamburger_jax.serve import engines
+from hamburger_jax.serve.app import create_app
+from hamburger_jax.serve.cli import ServeArgs, service_for
+from hamburger_jax.testing.fixtures import random_params, tiny_config
+from hamburger_jax.text.tokenizer import Tokenizer
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))       # serve_load: the load client
+MODEL = "hamburger-tiny"
+CACHE_LENGTH = 64
+CHATML = ["<|im_start|>", "<|im_end|>", "<|endoftext|>"]
+_WORDS = ["<unk>", "hello", "the", "world", "user", "assistant", "system", "cat", "sat", "on",
+          "mat", "a", "dog", "yes", "no", "red", "blue", "one", "two", "three"]
+ENGINES = ["serial"] + (["continuous"] if engines.continuous_available() else [])
+
+
+def write_tokenizer(directory: str, vocab_size: int) -> str:
+  """A whitespace word-level tokenizer.json whose ids cover 0..vocab_size-1: words, then w<i>
+  fillers, then the ChatML special tokens as the last ids."""
+  n = vocab_size - len(CHATML)
+  words = _WORDS + [f"w{i}" for i in range(len(_WORDS), n)]
+  tok = HFTokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+  tok.pre_tokenizer = pre_tokenizers.Whitespace()
+  tok.add_special_tokens(CHATML)
+  path = os.path.join(directory, "tokenizer.json")
+  tok.save(path)
+  return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+  """(HamburgerConfig, params): 2 layers, vocabulary 256, random weights."""
+  cfg = tiny_config(num_layers=2)
+  return cfg, random_params(cfg, seed=0)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tmp_path_factory, tiny_model):
+  return Tokenizer(write_tokenizer(str(tmp_path_factory.mktemp("tok")),
+                                   tiny_model[0].base.vocab_size))
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+class ServerThread:
+  """uvicorn serving `service` on a free 127.0.0.1 port in a daemon thread."""
+
+  def __init__(self, service):
+    self.service = service
+    self.port = free_port()
+    self.url = f"http://127.0.0.1:{self.port}"
+    config = uvicorn.Config(create_app(service), host="127.0.0.1", port=self.port,
+                            log_level="warning")
+    self.server = uvicorn.Server(config)
+    self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+  def __enter__(self) -> "ServerThread":
+    self.thread.start()
+    deadline = time.monotonic() + 30
+    while not self.server.started:
+      if time.monotonic() > deadline or not self.thread.is_alive():
+        raise RuntimeError("The test server did not start.")
+      time.sleep(0.02)
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.server.should_exit = True
+    self.thread.join(30)
+
+
+def make_engine(kind: str, cfg, params, **kwargs):
+  kwargs = dict(dict(cache_length=CACHE_LENGTH, chunk_steps=4, num_slots=4,
+                     eos_ids=tuple(cfg.base.eos_token_ids)), **kwargs)
+  return engines.make_engine(kind, cfg, params, **kwargs)
+
+
+@contextlib.contextmanager
+def serving(engine, cfg, tokenizer, kind: str = "serial", **args):
+  """A ServerThread around `engine` with ServeArgs(**args) (model id MODEL)."""
+  a = ServeArgs(ckpt="tiny", model_id=MODEL, cache_length=CACHE_LENGTH, num_slots=4, **args)
+  with ServerThread(service_for(engine, cfg, tokenizer, a, kind)) as server:
+    yield server
+
+
+@pytest.fixture(scope="module", params=ENGINES)
+def server(request, tiny_model, tokenizer):
+  """A server on each available engine (module-scoped: compiled once per test file)."""
+  cfg, params = tiny_model
+  engine = make_engine(request.param, cfg, params)
+  with serving(engine, cfg, tokenizer, request.param, max_queue=64) as s:
+    yield s
+
+
+class GatedEngine:
+  """Wraps an engine; `step()` waits until the gate opens (to hold requests in flight)."""
+
+  def __init__(self, engine):
+    self.engine = engine
+    self.gate = threading.Event()
+    self.decode = True
+    self.delay_s = 0.0                 # extra seconds per step (a slow engine)
+    self.max_prompt_len = engine.max_prompt_len
+    self.cancelled: list[int] = []
+
+  def submit(self, request):
+    return self.engine.submit(request)
+
+  def cancel(self, request_id):
+    self.cancelled.append(request_id)
+    self.engine.cancel(request_id)
+
+  def has_work(self):
+    return self.engine.has_work()
+
+  def open(self, decode: bool = True) -> None:
+    """Lets steps through; with decode=False they return no events (nothing is compiled)."""
+    self.decode = decode
+    self.gate.set()
+
+  def step(self):
+    while not self.gate.wait(0.05):
+      pass
+    time.sleep(self.delay_s)
+    return self.engine.step() if self.decode else []
+
+
+def run_script(*args, **kwargs) -> subprocess.Popen:
+  """serve.py in a subprocess on CPU (stdout/stderr piped)."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  return subprocess.Popen([sys.executable, os.path.join(REPO, "serve.py"), *args], env=env,
+                          cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          **kwargs)
