@@ -47,20 +47,6 @@ def usage(prompt_tokens: int, tokens: int, macro_steps: int) -> dict:
                         "kv_entries_base": prompt_tokens + max(tokens - 1, 0)}}
 
 
-def _encode_messages(tokenizer, messages: list[dict], system: str | None) -> list[int]:
-  """Chat ids. Adapter for a Tokenizer whose encode takes one user turn (delete once
-  `Tokenizer.encode` takes a message list everywhere)."""
-  if hasattr(tokenizer, "chat_parts"):        # the Tokenizer renders whole conversations
-    return tokenizer.encode(messages, chat=True, system=system)
-  systems = [m["content"] for m in messages if m["role"] == "system"]
-  turns = [m for m in messages if m["role"] != "system"]
-  if len(turns) != 1 or turns[0]["role"] != "user":
-    raise ApiError(400, "This server takes one user message (plus system messages) per chat "
-                        "request.", "messages")
-  return tokenizer.encode(turns[0]["content"], chat=True,
-                          system="\n".join(systems) if systems else system)
-
-
 class Service:
   """What the HTTP routes call: encoding, admission, and the per-request event stream."""
 
@@ -82,7 +68,7 @@ class Service:
       raise ApiError(400, "This server has no tokenizer: send token-id prompts to "
                           "/v1/completions.", "messages")
     try:
-      ids = _encode_messages(self.tokenizer, messages, self.system)
+      ids = self.tokenizer.encode(messages, chat=True, system=self.system)
     except ValueError as e:                    # TokenizerError: no chat template, bad message
       raise ApiError(400, str(e), "messages") from e
     return self.check_prompt(ids, "messages")

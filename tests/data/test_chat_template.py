@@ -1,5 +1,6 @@
 """One chat template for every use: data preparation (ChatTokenizer), distillation and decoding
-(Tokenizer.encode, decode.py's prompt encoding) give identical ids for the same conversation."""
+(Tokenizer.encode, decode.py's prompt encoding) and serving (the OpenAI chat route's encoding)
+give identical ids for the same conversation."""
 
 import importlib.util
 import os
@@ -8,6 +9,8 @@ import pytest
 
 from hamburger_jax.data.tokenize import ChatTokenizer, TokenizeConfig
 from hamburger_jax.decode.cli import DecodeArgs, _encode
+from hamburger_jax.serve import protocol
+from hamburger_jax.serve.service import Service
 from hamburger_jax.text import chat
 from hamburger_jax.text.tokenizer import Tokenizer
 
@@ -23,7 +26,11 @@ def _three_uses(path: str, prompt, system):
   tok = Tokenizer(path)
   data_ids = prep.encode_prompt(prompt)
   engine_ids = tok.encode(prompt, chat=True, system=system)
-  uses = [data_ids, engine_ids]
+  server = Service(None, "test", tokenizer=tok, vocab_size=tok.vocab_size, max_prompt_len=4096,
+                   limits=protocol.Limits(max_tokens=8, default_max_tokens=8), request_cls=None,
+                   request_timeout=1.0, system=system)
+  messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+  uses = [data_ids, engine_ids, server.encode_chat(protocol.chat_messages({"messages": messages}))]
   if isinstance(prompt, str):
     uses.append(_encode(DecodeArgs(chat=True, system=system), [prompt], tok)[0])
   return uses
