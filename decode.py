@@ -1,4 +1,5 @@
-"""Decode with a HAMburger (or plain Llama) checkpoint. Logic: hamburger_jax/decode/cli.py.
+"""Decode with a HAMburger (or plain Llama) checkpoint. Logic: hamburger_jax/decode/cli.py;
+the command: hamburger_jax/decode/command.py.
 
     python decode.py --make_tiny_checkpoint /tmp/tiny_ckpt
     python decode.py --ckpt /tmp/tiny_ckpt --token_ids 1,5,7 --json
@@ -7,34 +8,7 @@
 Bad input exits with code 2 and one line on stderr.
 """
 
-import sys
-
-from absl import app, flags, logging
-
-from hamburger_jax.decode import cli as decode_cli
-
-decode_cli.define_flags(flags)
-FLAGS = flags.FLAGS
-
-
-def _parse_flags(argv):
-  """absl's parser, but a bad flag exits with code 2 and a one-line message."""
-  try:
-    return FLAGS(argv)
-  except flags.Error as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
-
-
-def main(argv):
-  logging.set_verbosity(logging.WARNING)
-  try:
-    args = decode_cli.args_from_flags(FLAGS, argv[1:])   # positional arguments: the prompt
-  except decode_cli.UsageError as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
-  sys.exit(decode_cli.run(args))
-
+from hamburger_jax.decode.command import run
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=_parse_flags)
+  run()
