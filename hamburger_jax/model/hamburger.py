@@ -19,12 +19,14 @@ import jax.numpy as jnp
 
 from hamburger_jax.model.config import HamburgerConfig
 from hamburger_jax.model.embedder import CompositionalEmbedder
+from hamburger_jax.model.execution import Execution
 from hamburger_jax.model.llama import LlamaModel, LlamaOutput
 from hamburger_jax.model.micro_decoder import MicroStepDecoder
 
 
 class TrainOutput(NamedTuple):
-  logits: jax.Array        # [B, M, S, V] float32: micro step j predicts token j of the next group
+  logits: jax.Array | None  # [B, M, S, V] float32: micro step j predicts token j of the next
+                            # group (None with `with_logits=False`: the loss chunks the LM head)
   stop_logits: jax.Array   # [B, M, S] float32
   embeddings: jax.Array    # [B, M, D] merged inputs of the base model
   features: jax.Array      # [B, M, F, D] base features at each macro position
@@ -46,11 +48,12 @@ def gather_target_positions(batch: Mapping[str, Any], max_targets: int):
 
 class HamburgerModel(nn.Module):
   cfg: HamburgerConfig
+  execution: Execution = Execution()   # attention kernel, remat, scan (same numbers)
 
   def setup(self):
-    self.base = LlamaModel(self.cfg.base)
+    self.base = LlamaModel(self.cfg.base, self.execution)
     self.embedder = CompositionalEmbedder(self.cfg)
-    self.micro_decoder = MicroStepDecoder(self.cfg)
+    self.micro_decoder = MicroStepDecoder(self.cfg, self.execution)
 
   # --- pieces shared by training and decoding -------------------------------------------------
 
@@ -82,7 +85,8 @@ class HamburgerModel(nn.Module):
 
   # --- training ---------------------------------------------------------------------------------
 
-  def __call__(self, batch: Mapping[str, Any], max_targets: int | None = None) -> TrainOutput:
+  def __call__(self, batch: Mapping[str, Any], max_targets: int | None = None,
+               with_logits: bool = True) -> TrainOutput:
     """Teacher-forced forward over a packed batch (fields of `hamburger_jax.model.batch`).
 
     With `max_targets` = K (static), the micro decoder and the heads run only on the first K
@@ -106,7 +110,8 @@ class HamburgerModel(nn.Module):
     micro = self.micro_decoder.teacher_forced(features.reshape(b * m, f, d),
                                               teacher.reshape(b * m, s - 1, d))
     micro = micro.reshape(b, m, s, d)
-    logits, stops = self.heads(micro)
+    logits = self.base.logits(micro) if with_logits else None
+    stops = self.micro_decoder.stop(micro)
     return TrainOutput(logits, stops, embeddings, features, micro, targets, lengths)
 
 
