@@ -12,13 +12,15 @@ packed batch (loss.teacher_len tokens per row, default seq_len * max_steps; targ
 left out of the KL) and one more base forward over them gives the teacher's distribution for every
 target token. Nothing is added to the batch on the host.
 
-Memory (config `loss.chunk_size`, `model.attention` / `remat` / `scan_layers`): the training
-losses never build float32 [B, M, S, V] logits when chunk_size > 0 (`token_stats` applies the LM
-head per chunk of macro positions, recomputed in the backward pass), with the same numbers.
+Memory (config `loss.chunk_size`, `model.attention` / `remat` / `scan_layers`): with
+chunk_size > 0 the micro decoder, the heads and the per-token losses run on chunks of macro
+positions under `jax.checkpoint` (`chunked_map`), so float32 [B, M, S, V] logits and the micro
+decoder's [B * M, F + S - 1, ...] activations never exist at once; same numbers.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -30,7 +32,7 @@ from hamburger_jax.model.execution import Execution
 from hamburger_jax.model.hamburger import HamburgerModel
 from hamburger_jax.model.llama import LlamaModel
 from hamburger_jax.train.token_stats import kl_to_teacher  # noqa: F401  (re-exported)
-from hamburger_jax.train.token_stats import stats_from_logits, token_stats
+from hamburger_jax.train.token_stats import chunked_map, stats_from_logits, vocab_constrained
 
 
 def target_masks(target_lengths, max_steps: int):
@@ -78,12 +80,12 @@ def hamburger_loss_from_stats(stats, stop_logits, target_lengths, stop_weight: f
 def base_lm_loss(base_cfg, params, batch, execution: Execution = Execution(), chunk: int = 0):
   """Next-token CE of the base model on size-1 groups -> (loss, metrics)."""
   model = LlamaModel(base_cfg, execution)
-  out = model.apply({"params": params["base"]}, batch["group_tokens"][..., 0],
-                    positions=batch["positions"], segment_ids=batch["segment_ids"],
-                    return_logits=False)
+  variables = {"params": params["base"]}
+  out = model.apply(variables, batch["group_tokens"][..., 0], positions=batch["positions"],
+                    segment_ids=batch["segment_ids"], return_logits=False)
   targets, mask = batch["target_tokens"][..., 0], batch["target_lengths"] > 0
-  logits_fn = lambda h: model.apply({"params": params["base"]}, h, method="logits")
-  stats = token_stats(logits_fn, out.hidden, targets, chunk)
+  stats = chunked_map(lambda h, t: stats_from_logits(vocab_constrained(
+      model.apply(variables, h, method="logits")), t), (out.hidden, targets), chunk)
   loss = masked_mean(stats["ce"], mask)
   acc = masked_mean(stats["correct"], mask)
   return loss, {"loss": loss, "label_loss": loss, "perplexity": jnp.exp(loss), "accuracy": acc,
@@ -145,6 +147,20 @@ def expected_tokens_per_step(stop_logits, target_lengths):
   return masked_mean(reach.sum(-1), target_lengths > 0)
 
 
+def micro_stats(cfg: HamburgerConfig, execution: Execution, params, teacher_params, features,
+                targets, t_hidden):
+  """Micro decoder + heads on (a chunk of) positions -> {"ce", "correct", "stop"(, "kl")}."""
+  model = HamburgerModel(cfg, execution)
+  variables = {"params": params}
+  micro = model.apply(variables, features, targets, method="micro_outputs")
+  logits, stop = model.apply(variables, micro, method="heads")
+  t_logits = None
+  if t_hidden is not None:
+    t_logits = vocab_constrained(LlamaModel(cfg.base).apply({"params": teacher_params}, t_hidden,
+                                                            method="logits"))
+  return {**stats_from_logits(vocab_constrained(logits), targets, t_logits), "stop": stop}
+
+
 def hamburger_train_loss(cfg: HamburgerConfig, loss_cfg, plain_len, max_targets, execution,
                          params, batch, teacher):
   """HAMburger loss (+ kl_weight x KL to the teacher) -> (loss, metrics).
@@ -152,28 +168,28 @@ def hamburger_train_loss(cfg: HamburgerConfig, loss_cfg, plain_len, max_targets,
   max_targets (static, None = all): the micro decoder runs only on that many target positions
   per row (see HamburgerModel.__call__); positions past it are counted in `targets_dropped`.
   """
-  model = HamburgerModel(cfg, execution)
-  out = model.apply({"params": params}, batch, max_targets=max_targets, with_logits=False)
-  logits_fn = lambda h: model.apply({"params": params}, h, method=lambda m, h: m.base.logits(h))
-  teacher_fn = t_hidden = None
+  _, features, targets, lengths = HamburgerModel(cfg, execution).apply(
+      {"params": params}, batch, max_targets, method="base_features")
+  t_params = t_hidden = None
   if loss_cfg.kl_weight:
     t_params = jax.lax.stop_gradient(params["base"] if teacher is None else teacher)
     t_hidden, valid = teacher_hidden(cfg.base, t_params, batch, plain_len, execution)
-    teacher_fn = lambda h: LlamaModel(cfg.base).apply({"params": t_params}, h, method="logits")
-  stats = token_stats(logits_fn, out.micro_outputs, out.target_tokens, loss_cfg.chunk_size,
-                      teacher_fn, t_hidden)
-  loss, metrics = hamburger_loss_from_stats(stats, out.stop_logits, out.target_lengths,
+  # Chunks are rematerialised as a whole: no second, per-layer remat inside them.
+  chunk = loss_cfg.chunk_size
+  micro_ex = dataclasses.replace(execution, remat="none") if chunk else execution
+  stats = chunked_map(functools.partial(micro_stats, cfg, micro_ex, params, t_params),
+                      (features, targets, t_hidden), chunk)
+  loss, metrics = hamburger_loss_from_stats(stats, stats["stop"], lengths,
                                             stop_weight=loss_cfg.stop_weight)
   if max_targets is not None:
     metrics["targets_dropped"] = (jnp.sum(batch["target_lengths"] > 0)
-                                  - jnp.sum(out.target_lengths > 0)).astype(jnp.float32)
+                                  - jnp.sum(lengths > 0)).astype(jnp.float32)
   if loss_cfg.kl_weight:
     mask = target_masks(batch["target_lengths"], cfg.max_steps)[0] & valid
     metrics["kl"] = masked_mean(stats["kl"], mask)
     loss = loss + loss_cfg.kl_weight * metrics["kl"]
     metrics["loss"] = loss
-  metrics["expected_tokens_per_step"] = expected_tokens_per_step(out.stop_logits,
-                                                                 out.target_lengths)
+  metrics["expected_tokens_per_step"] = expected_tokens_per_step(stats["stop"], lengths)
   return loss, metrics
 
 

@@ -1,12 +1,11 @@
-"""Per-token CE, accuracy and KL from hidden states, the LM head applied in chunks of positions.
+"""Per-token CE, accuracy and KL, and `chunked_map`: a function over chunks of positions.
 
-    stats = token_stats(logits_fn, hidden [B, M, *R, D], targets [B, M, *R], chunk=64)
-    stats["ce"], stats["correct"] (and stats["kl"] with a teacher): each [B, M, *R] float32
+    out = chunked_map(fn, (hidden [B, M, ...], targets [B, M, ...]), chunk=64)
 
-With `chunk` = c > 0 the M positions are cut into chunks of c, scanned, and each chunk's float32
-logits [B, c, *R, V] are recomputed in the backward pass instead of stored: the full
-[B, M, *R, V] tensor never exists. chunk = 0 applies the head to everything at once. Both give
-the same numbers.
+`chunked_map` cuts axis 1 (positions) of its inputs into chunks of `chunk`, scans `fn` over them
+under `jax.checkpoint` (each chunk's intermediates, e.g. float32 logits [B, chunk, S, V], are
+recomputed in the backward pass instead of stored) and joins the outputs back along axis 1.
+chunk = 0 calls `fn` on everything at once. Both give the same numbers.
 """
 
 from __future__ import annotations
@@ -27,6 +26,11 @@ def kl_to_teacher(student_logits, teacher_logits):
   return jnp.sum(jnp.exp(t_logp) * (t_logp - s_logp), -1)
 
 
+def vocab_constrained(logits):
+  """Shards logits [B, ..., V] by batch and vocabulary (inside activation_sharding)."""
+  return pt.constrain(logits, (pt.BATCH,) + (None,) * (logits.ndim - 2) + (pt.VOCAB,))
+
+
 def stats_from_logits(logits, targets, teacher_logits=None):
   """logits [..., V] -> {"ce", "correct"(, "kl")} [...] float32."""
   logits = logits.astype(jnp.float32)
@@ -37,34 +41,21 @@ def stats_from_logits(logits, targets, teacher_logits=None):
   return out
 
 
-def _vocab_constrained(logits):
-  axes = (pt.BATCH,) + (None,) * (logits.ndim - 2) + (pt.VOCAB,)
-  return pt.constrain(logits, axes)
-
-
-def token_stats(logits_fn: Callable, hidden, targets, chunk: int = 0,
-                teacher_fn: Callable | None = None, teacher_hidden=None):
-  """Per-token statistics of `logits_fn(hidden)` against `targets` (see the module docstring).
-
-  teacher_fn / teacher_hidden (same shape as hidden): adds "kl", KL(teacher || student).
-  """
-  def stats(h, tgt, th):
-    logits = _vocab_constrained(logits_fn(h))
-    teacher = None if th is None else _vocab_constrained(teacher_fn(th))
-    return stats_from_logits(logits, tgt, teacher)
-
-  m = hidden.shape[1]
+def chunked_map(fn: Callable, args: tuple, chunk: int = 0):
+  """fn(*args) computed over chunks of axis 1 (None args pass through) -> fn's output tree."""
+  m = next(a for a in args if a is not None).shape[1]
   if not chunk or chunk >= m:
-    return stats(hidden, targets, teacher_hidden)
+    return fn(*args)
   n = -(-m // chunk)
   pad = n * chunk - m
 
   def split(x):
+    if x is None:
+      return None
     x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
     return x.reshape((x.shape[0], n, chunk) + x.shape[2:]).swapaxes(0, 1)
 
-  body = jax.checkpoint(lambda _, xs: (None, stats(*xs)), prevent_cse=False)
-  xs = (split(hidden), split(targets), None if teacher_hidden is None else split(teacher_hidden))
-  _, out = jax.lax.scan(body, None, xs)
+  body = jax.checkpoint(lambda _, xs: (None, fn(*xs)), prevent_cse=False)
+  _, out = jax.lax.scan(body, None, tuple(split(a) for a in args))
   merge = lambda x: x.swapaxes(0, 1).reshape((x.shape[1], n * chunk) + x.shape[3:])[:, :m]
   return jax.tree.map(merge, out)
