@@ -35,6 +35,16 @@ def get_config() -> ml_collections.ConfigDict:
                                      # row (prompt positions skipped); 0 = every position
   c.model.param_dtype = "float32"    # master weights (and optimizer state)
   c.model.dtype = "bfloat16"         # compute dtype of the matmuls
+  # How the model computes (same numbers, less memory; hamburger_jax.model.execution):
+  c.model.attention = "auto"         # packed-row attention: "auto" (splash on TPU, cuDNN on GPU,
+                                     # blockwise on CPU past 1024 tokens, else xla) | "xla" |
+                                     # "blockwise" (online softmax, any backend) | "splash" | "cudnn"
+  c.model.attention_block = 512      # blockwise: keys per block
+  c.model.remat = "full"             # per-layer rematerialisation (base and micro decoder): "none" |
+                                     # "full" (keep layer inputs only) | "save_dots" (also matmul
+                                     # outputs) | "save_inputs" (also normalised sublayer inputs)
+  c.model.scan_layers = False        # base layers as lax.scan over stacked params (compile time
+                                     # flat in depth); the param layout is unchanged
 
   c.init = ml_collections.ConfigDict()
   c.init.checkpoint = ""        # HF Llama dir | hamburger_jax export | original ckpt; "" = random
@@ -68,14 +78,23 @@ def get_config() -> ml_collections.ConfigDict:
   c.loss.stop_weight = 0.5      # weight of the stop-head BCE
   c.loss.kl_weight = 0.0        # distillation: weight of KL(teacher || student); 0 = off
   c.loss.teacher_len = 0        # plain tokens per row for the teacher; 0 = seq_len * max_steps
+  c.loss.chunk_size = 128       # LM head + CE/KL on this many macro positions at a time (float32
+                                # logits [B, chunk, S, V], recomputed in the backward); 0 = all
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = -1              # data-parallel axis (-1 = all remaining devices)
   c.mesh.fsdp = 1               # parameter/optimizer-sharded data-parallel axis
   c.mesh.tensor = 1             # tensor-parallel axis (heads, MLP, vocab)
   c.distributed = "auto"        # jax.distributed.initialize(): "auto" (multi-host env) | "always" | "never"
-  c.logical_axis_rules = (      # logical param axis -> mesh axes
+  c.logical_axis_rules = (      # logical param / activation axis -> mesh axes
       ("batch", ("data", "fsdp")),
+      ("activation_batch", ("data", "fsdp")),
+      ("activation_length", None),
+      ("activation_embed", None),
+      ("activation_heads", "tensor"),
+      ("activation_kv_heads", "tensor"),
+      ("activation_mlp", "tensor"),
+      ("activation_vocab", "tensor"),
       ("vocab", "tensor"),
       ("embed", "fsdp"),
       ("mlp", "tensor"),

@@ -204,6 +204,17 @@ BASE_PRESETS: dict[str, LlamaConfig] = {
                                num_layers=16, num_heads=32, num_kv_heads=8, head_dim=64,
                                rope_theta=500000.0, rope_scaling=_LLAMA3_SCALING,
                                bos_token_id=128000, eos_token_ids=(128001, 128008, 128009)),
+    # Llama-3.2-3B(-Instruct).
+    "llama3.2-3b": LlamaConfig(vocab_size=128256, hidden_size=3072, intermediate_size=8192,
+                               num_layers=28, num_heads=24, num_kv_heads=8, head_dim=128,
+                               rope_theta=500000.0, rope_scaling=_LLAMA3_SCALING,
+                               bos_token_id=128000, eos_token_ids=(128001, 128008, 128009)),
+    # Llama-3.1-8B(-Instruct): untied LM head, RoPE scaling factor 8.
+    "llama3.1-8b": LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                               num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128,
+                               rope_theta=500000.0, rope_scaling=RopeScaling(8.0, 1.0, 4.0, 8192),
+                               tie_word_embeddings=False, bos_token_id=128000,
+                               eos_token_ids=(128001, 128008, 128009)),
     # SmolLM2-135M-Instruct (the embedded default's base; ChatML template).
     "smollm2-135m": LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536,
                                 num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64,
@@ -214,6 +225,9 @@ BASE_PRESETS: dict[str, LlamaConfig] = {
 PRESETS: dict[str, HamburgerConfig] = {
     "tiny": HamburgerConfig(base=BASE_PRESETS["tiny"]),
     "llama3.2-1b": HamburgerConfig(base=BASE_PRESETS["llama3.2-1b"]),
+    # Other depths: raw outputs at the quarter points (layers L/4 - 1, L/2 - 1, 3L/4 - 1).
+    "llama3.2-3b": HamburgerConfig(base=BASE_PRESETS["llama3.2-3b"], feature_layers=(6, 13, 20)),
+    "llama3.1-8b": HamburgerConfig(base=BASE_PRESETS["llama3.1-8b"], feature_layers=(7, 15, 23)),
     "smollm2-135m": HamburgerConfig(base=BASE_PRESETS["smollm2-135m"], feature_layers=(7, 14, 21),
                                     merger_heads=64),
 }

@@ -6,6 +6,8 @@ The embedder and the LM head share the base model's token embedding.
 Training (teacher forcing, see `hamburger_jax.model.batch` for the batch fields):
     out = HamburgerModel(cfg).apply({"params": p}, batch)
     out.logits [B, M, S, V], out.stop_logits [B, M, S]
+The training loss calls the two halves, `base_features` and then `micro_outputs` + `heads` on
+chunks of positions (hamburger_jax.train.losses), so that no [B, M, S, V] tensor is built.
 Decoding uses the methods `embed_groups`, `base_forward`, `micro_prefill`, `micro_step`, `heads`.
 """
 
@@ -19,6 +21,7 @@ import jax.numpy as jnp
 
 from hamburger_jax.model.config import HamburgerConfig
 from hamburger_jax.model.embedder import CompositionalEmbedder
+from hamburger_jax.model.execution import Execution
 from hamburger_jax.model.llama import LlamaModel, LlamaOutput
 from hamburger_jax.model.micro_decoder import MicroStepDecoder
 
@@ -46,11 +49,12 @@ def gather_target_positions(batch: Mapping[str, Any], max_targets: int):
 
 class HamburgerModel(nn.Module):
   cfg: HamburgerConfig
+  execution: Execution = Execution()   # attention kernel, remat, scan (same numbers)
 
   def setup(self):
-    self.base = LlamaModel(self.cfg.base)
+    self.base = LlamaModel(self.cfg.base, self.execution)
     self.embedder = CompositionalEmbedder(self.cfg)
-    self.micro_decoder = MicroStepDecoder(self.cfg)
+    self.micro_decoder = MicroStepDecoder(self.cfg, self.execution)
 
   # --- pieces shared by training and decoding -------------------------------------------------
 
@@ -82,14 +86,9 @@ class HamburgerModel(nn.Module):
 
   # --- training ---------------------------------------------------------------------------------
 
-  def __call__(self, batch: Mapping[str, Any], max_targets: int | None = None) -> TrainOutput:
-    """Teacher-forced forward over a packed batch (fields of `hamburger_jax.model.batch`).
-
-    With `max_targets` = K (static), the micro decoder and the heads run only on the first K
-    positions of each row that have a target (prompt positions predict nothing), so the outputs
-    are [B, K, ...] and `target_tokens` / `target_lengths` are gathered to match.
-    """
-    s = self.cfg.max_steps
+  def base_features(self, batch: Mapping[str, Any], max_targets: int | None = None):
+    """Embedder + base model over a packed batch -> (embeddings [B, M, D], features [B, K, F, D],
+    target tokens [B, K, S], target lengths [B, K]); K = M, or `max_targets` (see __call__)."""
     embeddings = self.embed_groups(batch["group_tokens"], batch["group_lengths"])
     out = self.base(embeddings=embeddings, positions=batch["positions"],
                     segment_ids=batch["segment_ids"], feature_layers=self.cfg.feature_layers,
@@ -101,11 +100,26 @@ class HamburgerModel(nn.Module):
       features = jnp.take_along_axis(features, idx[:, :, None, None], axis=1)
       targets = jnp.take_along_axis(targets, idx[:, :, None], axis=1)
       lengths = jnp.take_along_axis(lengths, idx, axis=1)
+    return embeddings, features, targets, lengths
+
+  def micro_outputs(self, features, targets):
+    """Teacher-forced micro decoder: features [B, K, F, D], targets [B, K, S] -> [B, K, S, D]."""
+    s = self.cfg.max_steps
     b, m, f, d = features.shape
-    teacher = self.base.embed(targets[..., :s - 1])                      # [B, M, S-1, D]
+    teacher = self.base.embed(targets[..., :s - 1])                      # [B, K, S-1, D]
     micro = self.micro_decoder.teacher_forced(features.reshape(b * m, f, d),
                                               teacher.reshape(b * m, s - 1, d))
-    micro = micro.reshape(b, m, s, d)
+    return micro.reshape(b, m, s, d)
+
+  def __call__(self, batch: Mapping[str, Any], max_targets: int | None = None) -> TrainOutput:
+    """Teacher-forced forward over a packed batch (fields of `hamburger_jax.model.batch`).
+
+    With `max_targets` = K (static), the micro decoder and the heads run only on the first K
+    positions of each row that have a target (prompt positions predict nothing), so the outputs
+    are [B, K, ...] and `target_tokens` / `target_lengths` are gathered to match.
+    """
+    embeddings, features, targets, lengths = self.base_features(batch, max_targets)
+    micro = self.micro_outputs(features, targets)
     logits, stops = self.heads(micro)
     return TrainOutput(logits, stops, embeddings, features, micro, targets, lengths)
 

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hamburger_jax.model import partitioning as pt
 from hamburger_jax.model.config import LlamaConfig, RopeScaling
 
 default_init = nn.initializers.normal(stddev=0.02)
@@ -85,4 +86,5 @@ class SwiGLU(nn.Module):
     c = self.cfg
     gate = dense(c.intermediate_size, ("embed", "mlp"), c, "gate_proj")(x)
     up = dense(c.intermediate_size, ("embed", "mlp"), c, "up_proj")(x)
-    return dense(c.hidden_size, ("mlp", "embed"), c, "down_proj")(nn.silu(gate) * up)
+    hidden = pt.constrain(nn.silu(gate) * up, (pt.BATCH, pt.LENGTH, pt.MLP))
+    return dense(c.hidden_size, ("mlp", "embed"), c, "down_proj")(hidden)

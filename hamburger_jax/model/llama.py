@@ -14,10 +14,15 @@ from typing import Any, NamedTuple, Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
-from hamburger_jax.model.attention import Attention, causal_segment_mask
+from hamburger_jax.model import partitioning as pt
+from hamburger_jax.model.attention import Attention
 from hamburger_jax.model.config import LlamaConfig
+from hamburger_jax.model.execution import SUBLAYER_INPUT, Execution, remat_policy
 from hamburger_jax.model.layers import RMSNorm, SwiGLU, default_init, dense, logical
+
+_RESIDUAL = (pt.BATCH, pt.LENGTH, pt.EMBED)
 
 
 class LlamaOutput(NamedTuple):
@@ -30,24 +35,36 @@ class LlamaOutput(NamedTuple):
 class DecoderLayer(nn.Module):
   """Pre-RMSNorm attention and SwiGLU MLP, each with a residual connection."""
   cfg: LlamaConfig
+  execution: Execution = Execution()
 
   @nn.compact
-  def __call__(self, x, positions, mask=None, cache=None, cache_slots=None):
+  def __call__(self, x, positions, segment_ids=None, cache=None, cache_slots=None):
     c = self.cfg
-    norm = lambda name: RMSNorm(c.rms_norm_eps, c.jnp_dtype, c.jnp_param_dtype, name=name)
-    h, cache = Attention(c, name="self_attn")(norm("input_layernorm")(x), positions, mask, cache,
-                                              cache_slots)
+    norm = lambda name, x: checkpoint_name(
+        RMSNorm(c.rms_norm_eps, c.jnp_dtype, c.jnp_param_dtype, name=name)(x), SUBLAYER_INPUT)
+    x = pt.constrain(x, _RESIDUAL)
+    h, cache = Attention(c, self.execution, name="self_attn")(
+        norm("input_layernorm", x), positions, segment_ids, cache, cache_slots)
     x = x + h
-    x = x + SwiGLU(c, name="mlp")(norm("post_attention_layernorm")(x))
-    return x, cache
+    x = x + SwiGLU(c, name="mlp")(norm("post_attention_layernorm", x))
+    return pt.constrain(x, _RESIDUAL), cache
 
 
-def run_layers(layers: Sequence[DecoderLayer], x, positions, mask, cache, cache_slots,
+def make_layers(cfg: LlamaConfig, execution: Execution, num_layers: int) -> list[DecoderLayer]:
+  """`layers_0 ..`: decoder layers, each under `jax.checkpoint` with the execution's policy."""
+  cls = DecoderLayer
+  if execution.remat != "none":
+    cls = nn.remat(DecoderLayer, policy=remat_policy(execution.remat))
+  return [cls(cfg, execution, name=f"layers_{i}") for i in range(num_layers)]
+
+
+def run_layers(layers: Sequence[DecoderLayer], x, positions, segment_ids, cache, cache_slots,
                tap_layers: Sequence[int] = ()):
   """Runs decoder layers in order; returns (x, taps of `tap_layers`, new cache or None)."""
   taps, new_cache = [], [] if cache is not None else None
   for i, layer in enumerate(layers):
-    x, layer_cache = layer(x, positions, mask, None if cache is None else cache[i], cache_slots)
+    x, layer_cache = layer(x, positions, segment_ids, None if cache is None else cache[i],
+                           cache_slots)
     if cache is not None:
       new_cache.append(layer_cache)
     if i in tap_layers:
@@ -55,16 +72,47 @@ def run_layers(layers: Sequence[DecoderLayer], x, positions, mask, cache, cache_
   return x, taps, new_cache
 
 
+def scan_segments(num_layers: int, tap_layers: Sequence[int]) -> list[tuple[int, int]]:
+  """[lo, hi) runs of layers that end at each tap (and at the last layer)."""
+  ends = sorted({i + 1 for i in tap_layers} | {num_layers})
+  return list(zip([0] + ends[:-1], ends))
+
+
+def scan_layers(cfg: LlamaConfig, execution: Execution, layer_params, x, positions, segment_ids,
+                tap_layers: Sequence[int] = ()):
+  """The uncached forward as `lax.scan`s over stacked per-layer params -> (x, taps).
+
+  layer_params: {"layers_0": .., ..} (the usual layout); each run of layers between taps is
+  stacked once and scanned with one compiled (and, with a remat policy, checkpointed) body.
+  """
+  layer = DecoderLayer(cfg, execution, parent=None)
+
+  def body(x, p):
+    return layer.apply({"params": p}, x, positions, segment_ids)[0], None
+
+  if execution.remat != "none":
+    body = jax.checkpoint(body, policy=remat_policy(execution.remat), prevent_cse=False)
+  taps = []
+  for lo, hi in scan_segments(cfg.num_layers, tap_layers):
+    stacked = jax.tree.map(lambda *xs: jnp.stack(xs),
+                           *[layer_params[f"layers_{i}"] for i in range(lo, hi)])
+    x, _ = jax.lax.scan(body, x, stacked)
+    if hi - 1 in tap_layers:
+      taps.append(x)
+  return x, taps
+
+
 class LlamaModel(nn.Module):
   """Token embedding, `num_layers` decoder layers, final RMSNorm, LM head (tied or not)."""
   cfg: LlamaConfig
+  execution: Execution = Execution()
 
   def setup(self):
     c = self.cfg
     self.embed_tokens = nn.Embed(c.vocab_size, c.hidden_size, dtype=c.jnp_dtype,
                                  param_dtype=c.jnp_param_dtype,
                                  embedding_init=logical(default_init, ("vocab", "embed")))
-    self.layers = [DecoderLayer(c, name=f"layers_{i}") for i in range(c.num_layers)]
+    self.layers = make_layers(c, self.execution, c.num_layers)
     self.norm = RMSNorm(c.rms_norm_eps, c.jnp_dtype, c.jnp_param_dtype)
     if not c.tie_word_embeddings:
       self.lm_head = dense(c.vocab_size, ("embed", "vocab"), c, "lm_head")
@@ -97,15 +145,17 @@ class LlamaModel(nn.Module):
     b, t = embeddings.shape[:2]
     if positions is None:
       positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    mask = None
-    if cache is None:
-      if segment_ids is None:
-        segment_ids = jnp.ones((b, t), jnp.int32)
-      mask = causal_segment_mask(segment_ids)
-    elif cache_slots is None:
+    if cache is None and segment_ids is None:
+      segment_ids = jnp.ones((b, t), jnp.int32)
+    if cache is not None and cache_slots is None:
       raise ValueError("cache_slots [B] is required with a cache.")
-    x, taps, cache = run_layers(self.layers, embeddings.astype(self.cfg.jnp_dtype), positions,
-                                mask, cache, cache_slots, tuple(feature_layers))
+    x = embeddings.astype(self.cfg.jnp_dtype)
+    if self.execution.scan_layers and cache is None and not self.is_initializing():
+      x, taps = scan_layers(self.cfg, self.execution, self.variables["params"], x, positions,
+                            segment_ids, tuple(feature_layers))
+    else:
+      x, taps, cache = run_layers(self.layers, x, positions, segment_ids, cache, cache_slots,
+                                  tuple(feature_layers))
     hidden = self.norm(x)
     features = jnp.stack([*taps, hidden], axis=2) if feature_layers else None
     logits = self.logits(hidden) if return_logits else None

@@ -14,8 +14,9 @@ import jax.numpy as jnp
 
 from hamburger_jax.model.attention import init_cache
 from hamburger_jax.model.config import HamburgerConfig
+from hamburger_jax.model.execution import Execution
 from hamburger_jax.model.layers import dense
-from hamburger_jax.model.llama import DecoderLayer, run_layers
+from hamburger_jax.model.llama import make_layers, run_layers
 
 
 class StopHead(nn.Module):
@@ -35,10 +36,10 @@ class StopHead(nn.Module):
 class MicroStepDecoder(nn.Module):
   """`num_micro_layers` Llama decoder layers (own weights) plus the stop head."""
   cfg: HamburgerConfig
+  execution: Execution = Execution()
 
   def setup(self):
-    self.layers = [DecoderLayer(self.cfg.base, name=f"layers_{i}")
-                   for i in range(self.cfg.num_micro_layers)]
+    self.layers = make_layers(self.cfg.base, self.execution, self.cfg.num_micro_layers)
     self.stop_head = StopHead(self.cfg, name="stop_head")
 
   def stop(self, hidden):
@@ -54,8 +55,7 @@ class MicroStepDecoder(nn.Module):
     x = jnp.concatenate([features, token_embeds.astype(features.dtype)], axis=1)
     length = x.shape[1]
     positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (n, length))
-    mask = jnp.broadcast_to(jnp.tril(jnp.ones((length, length), bool)), (n, length, length))
-    h, _, _ = run_layers(self.layers, x, positions, mask, None, None)
+    h, _, _ = run_layers(self.layers, x, positions, None, None, None)
     return jnp.concatenate([features[:, f - 1:f], h[:, f:]], axis=1)
 
   def prefill(self, features):

@@ -11,10 +11,16 @@ computed on device inside the step: `plain_view` rebuilds the plain, unmerged to
 packed batch (loss.teacher_len tokens per row, default seq_len * max_steps; targets past that are
 left out of the KL) and one more base forward over them gives the teacher's distribution for every
 target token. Nothing is added to the batch on the host.
+
+Memory (config `loss.chunk_size`, `model.attention` / `remat` / `scan_layers`): with
+chunk_size > 0 the micro decoder, the heads and the per-token losses run on chunks of macro
+positions under `jax.checkpoint` (`chunked_map`), so float32 [B, M, S, V] logits and the micro
+decoder's [B * M, F + S - 1, ...] activations never exist at once; same numbers.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -22,8 +28,11 @@ import jax.numpy as jnp
 import optax
 
 from hamburger_jax.model.config import HamburgerConfig
+from hamburger_jax.model.execution import Execution
 from hamburger_jax.model.hamburger import HamburgerModel
 from hamburger_jax.model.llama import LlamaModel
+from hamburger_jax.train.token_stats import kl_to_teacher  # noqa: F401  (re-exported)
+from hamburger_jax.train.token_stats import chunked_map, stats_from_logits, vocab_constrained
 
 
 def target_masks(target_lengths, max_steps: int):
@@ -38,27 +47,25 @@ def masked_mean(x, mask):
   return jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
 
-def kl_to_teacher(student_logits, teacher_logits):
-  """KL(teacher || student) per position, [...]."""
-  t_logp = jax.nn.log_softmax(teacher_logits.astype(jnp.float32), -1)
-  s_logp = jax.nn.log_softmax(student_logits.astype(jnp.float32), -1)
-  return jnp.sum(jnp.exp(t_logp) * (t_logp - s_logp), -1)
-
-
 def hamburger_loss(logits, stop_logits, target_tokens, target_lengths, stop_weight: float = 0.5):
   """CE + stop_weight x stop BCE -> (loss scalar, metrics dict of on-device scalars)."""
-  s = logits.shape[-2]
+  stats = stats_from_logits(logits, target_tokens)
+  return hamburger_loss_from_stats(stats, stop_logits, target_lengths, stop_weight)
+
+
+def hamburger_loss_from_stats(stats, stop_logits, target_lengths, stop_weight: float = 0.5):
+  """`hamburger_loss` from per-token {"ce", "correct"} [B, M, S] (see token_stats)."""
+  s = stop_logits.shape[-1]
   mask, stop_targets = target_masks(target_lengths, s)
-  ce = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), target_tokens)
   bce = optax.sigmoid_binary_cross_entropy(stop_logits.astype(jnp.float32), stop_targets)
-  label_loss = masked_mean(ce, mask)
+  label_loss = masked_mean(stats["ce"], mask)
   stop_loss = masked_mean(bce, mask)
   loss = label_loss + stop_weight * stop_loss
   metrics = {"label_loss": label_loss, "stop_loss": stop_loss,
              "perplexity": jnp.exp(label_loss)}
   metrics["loss"] = loss
 
-  correct = (jnp.argmax(logits, -1) == target_tokens) & mask
+  correct = stats["correct"]
   for j in range(s):
     metrics[f"accuracy_s{j + 1}"] = masked_mean(correct[..., j], mask[..., j])
   stop_pred = (stop_logits > 0).astype(jnp.float32)
@@ -70,14 +77,17 @@ def hamburger_loss(logits, stop_logits, target_tokens, target_lengths, stop_weig
   return loss, metrics
 
 
-def base_lm_loss(base_cfg, params, batch):
+def base_lm_loss(base_cfg, params, batch, execution: Execution = Execution(), chunk: int = 0):
   """Next-token CE of the base model on size-1 groups -> (loss, metrics)."""
-  out = LlamaModel(base_cfg).apply({"params": params["base"]}, batch["group_tokens"][..., 0],
-                                   positions=batch["positions"], segment_ids=batch["segment_ids"])
+  model = LlamaModel(base_cfg, execution)
+  variables = {"params": params["base"]}
+  out = model.apply(variables, batch["group_tokens"][..., 0], positions=batch["positions"],
+                    segment_ids=batch["segment_ids"], return_logits=False)
   targets, mask = batch["target_tokens"][..., 0], batch["target_lengths"] > 0
-  ce = optax.softmax_cross_entropy_with_integer_labels(out.logits, targets)
-  loss = masked_mean(ce, mask)
-  acc = masked_mean(jnp.argmax(out.logits, -1) == targets, mask)
+  stats = chunked_map(lambda h, t: stats_from_logits(vocab_constrained(
+      model.apply(variables, h, method="logits")), t), (out.hidden, targets), chunk)
+  loss = masked_mean(stats["ce"], mask)
+  acc = masked_mean(stats["correct"], mask)
   return loss, {"loss": loss, "label_loss": loss, "perplexity": jnp.exp(loss), "accuracy": acc,
                 "accuracy_s1": acc, "tokens": jnp.sum(mask).astype(jnp.float32)}
 
@@ -110,15 +120,24 @@ def plain_view(batch, plain_len: int):
   return plain, slot, (k < tl[..., None]) & (slot < plain_len)
 
 
-def teacher_logits(base_cfg, teacher_params, batch, plain_len: int):
-  """The teacher's next-token logits for every target token -> ([B, M, S, V], valid [B, M, S])."""
+def teacher_hidden(base_cfg, teacher_params, batch, plain_len: int,
+                   execution: Execution = Execution()):
+  """The teacher's final hidden state before every target token -> ([B, M, S, D], valid)."""
   plain, slot, valid = plain_view(batch, plain_len)
-  out = LlamaModel(base_cfg).apply({"params": teacher_params}, plain["tokens"],
-                                   positions=plain["positions"], segment_ids=plain["segment_ids"])
+  out = LlamaModel(base_cfg, execution).apply(
+      {"params": teacher_params}, plain["tokens"], positions=plain["positions"],
+      segment_ids=plain["segment_ids"], return_logits=False)
   b, m, s = slot.shape
   idx = jnp.minimum(slot, plain_len - 1).reshape(b, m * s)
-  logits = jnp.take_along_axis(out.logits, idx[..., None], axis=1)
-  return jax.lax.stop_gradient(logits.reshape(b, m, s, -1)), valid
+  hidden = jnp.take_along_axis(out.hidden, idx[..., None], axis=1)
+  return jax.lax.stop_gradient(hidden.reshape(b, m, s, -1)), valid
+
+
+def teacher_logits(base_cfg, teacher_params, batch, plain_len: int):
+  """The teacher's next-token logits for every target token -> ([B, M, S, V], valid [B, M, S])."""
+  hidden, valid = teacher_hidden(base_cfg, teacher_params, batch, plain_len)
+  logits = LlamaModel(base_cfg).apply({"params": teacher_params}, hidden, method="logits")
+  return jax.lax.stop_gradient(logits), valid
 
 
 def expected_tokens_per_step(stop_logits, target_lengths):
@@ -128,35 +147,58 @@ def expected_tokens_per_step(stop_logits, target_lengths):
   return masked_mean(reach.sum(-1), target_lengths > 0)
 
 
-def hamburger_train_loss(cfg: HamburgerConfig, loss_cfg, plain_len, max_targets, params, batch,
-                         teacher):
+def micro_stats(cfg: HamburgerConfig, execution: Execution, params, teacher_params, features,
+                targets, t_hidden):
+  """Micro decoder + heads on (a chunk of) positions -> {"ce", "correct", "stop"(, "kl")}."""
+  model = HamburgerModel(cfg, execution)
+  variables = {"params": params}
+  micro = model.apply(variables, features, targets, method="micro_outputs")
+  logits, stop = model.apply(variables, micro, method="heads")
+  t_logits = None
+  if t_hidden is not None:
+    t_logits = vocab_constrained(LlamaModel(cfg.base).apply({"params": teacher_params}, t_hidden,
+                                                            method="logits"))
+  return {**stats_from_logits(vocab_constrained(logits), targets, t_logits), "stop": stop}
+
+
+def hamburger_train_loss(cfg: HamburgerConfig, loss_cfg, plain_len, max_targets, execution,
+                         params, batch, teacher):
   """HAMburger loss (+ kl_weight x KL to the teacher) -> (loss, metrics).
 
   max_targets (static, None = all): the micro decoder runs only on that many target positions
   per row (see HamburgerModel.__call__); positions past it are counted in `targets_dropped`.
   """
-  out = HamburgerModel(cfg).apply({"params": params}, batch, max_targets=max_targets)
-  loss, metrics = hamburger_loss(out.logits, out.stop_logits, out.target_tokens,
-                                 out.target_lengths, stop_weight=loss_cfg.stop_weight)
+  _, features, targets, lengths = HamburgerModel(cfg, execution).apply(
+      {"params": params}, batch, max_targets, method="base_features")
+  t_params = t_hidden = None
+  if loss_cfg.kl_weight:
+    t_params = jax.lax.stop_gradient(params["base"] if teacher is None else teacher)
+    t_hidden, valid = teacher_hidden(cfg.base, t_params, batch, plain_len, execution)
+  # Chunks are rematerialised as a whole: no second, per-layer remat inside them.
+  chunk = loss_cfg.chunk_size
+  micro_ex = dataclasses.replace(execution, remat="none") if chunk else execution
+  stats = chunked_map(functools.partial(micro_stats, cfg, micro_ex, params, t_params),
+                      (features, targets, t_hidden), chunk)
+  loss, metrics = hamburger_loss_from_stats(stats, stats["stop"], lengths,
+                                            stop_weight=loss_cfg.stop_weight)
   if max_targets is not None:
     metrics["targets_dropped"] = (jnp.sum(batch["target_lengths"] > 0)
-                                  - jnp.sum(out.target_lengths > 0)).astype(jnp.float32)
+                                  - jnp.sum(lengths > 0)).astype(jnp.float32)
   if loss_cfg.kl_weight:
-    t_params = params["base"] if teacher is None else teacher
-    t_logits, valid = teacher_logits(cfg.base, jax.lax.stop_gradient(t_params), batch, plain_len)
     mask = target_masks(batch["target_lengths"], cfg.max_steps)[0] & valid
-    metrics["kl"] = masked_mean(kl_to_teacher(out.logits, t_logits), mask)
+    metrics["kl"] = masked_mean(stats["kl"], mask)
     loss = loss + loss_cfg.kl_weight * metrics["kl"]
     metrics["loss"] = loss
-  metrics["expected_tokens_per_step"] = expected_tokens_per_step(out.stop_logits,
-                                                                 out.target_lengths)
+  metrics["expected_tokens_per_step"] = expected_tokens_per_step(stats["stop"], lengths)
   return loss, metrics
 
 
-def make_loss_fn(config, cfg: HamburgerConfig):
+def make_loss_fn(config, cfg: HamburgerConfig, execution: Execution = Execution()):
   """-> loss_fn(params, batch, teacher) -> (scalar loss, metrics dict) for `config.mode`."""
   if config.mode == "base_lm":
-    return lambda params, batch, teacher: base_lm_loss(cfg.base, params, batch)
+    return lambda params, batch, teacher: base_lm_loss(cfg.base, params, batch, execution,
+                                                       config.loss.chunk_size)
   plain_len = config.loss.teacher_len or config.data.seq_len * cfg.max_steps
   max_targets = config.model.max_targets or None
-  return functools.partial(hamburger_train_loss, cfg, config.loss, plain_len, max_targets)
+  return functools.partial(hamburger_train_loss, cfg, config.loss, plain_len, max_targets,
+                           execution)

@@ -15,6 +15,7 @@ import sys
 import jax
 
 from hamburger_jax.model.config import PRESETS, HamburgerConfig
+from hamburger_jax.model.execution import Execution
 from hamburger_jax.train import batches, optim, sharding
 
 MODES = ("hamburger", "base_lm")
@@ -40,6 +41,13 @@ def model_config(config) -> HamburgerConfig:
   if config.mode == "base_lm":
     layers = ()                      # the base model alone taps no features
   return dataclasses.replace(preset, base=base, feature_layers=layers, **extra)
+
+
+def execution_config(config) -> Execution:
+  """How the model computes (attention kernel, remat policy, scan) from `config.model`."""
+  m = config.model
+  return Execution(attention=m.attention, remat=m.remat, scan_layers=bool(m.scan_layers),
+                   attention_block=m.attention_block)
 
 
 def validate_config(config, num_devices: int | None = None) -> None:
@@ -79,6 +87,9 @@ def _validate(config, num_devices: int | None) -> None:
     raise ValueError(f"These settings must be >= 1: {counts}.")
   optim.trainable_keys(config.mode, config.freeze_base)
   model_config(config)
+  execution_config(config)
+  if config.loss.chunk_size < 0:
+    raise ValueError(f"loss.chunk_size must be >= 0 (0 = no chunking), got {config.loss.chunk_size}.")
   shards = sharding.mesh_shape(config.mesh, num_devices or jax.device_count())
   rows_per_shard = shards[0] * shards[1] * config.optim.grad_accum_steps
   if config.data.batch_size % rows_per_shard:

@@ -10,11 +10,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hamburger_jax.model import partitioning
 from hamburger_jax.model.config import HamburgerConfig
 from hamburger_jax.model.hamburger import init_params
 from hamburger_jax.model.llama import init_llama_params
 from hamburger_jax.train import checkpoints, optim, sharding
 from hamburger_jax.train.losses import make_loss_fn
+from hamburger_jax.train.run_config import execution_config
 from hamburger_jax.train.step import TrainState, eval_step, train_step
 
 def init_model_params(config, cfg: HamburgerConfig, rng, boxed: bool = False):
@@ -42,7 +44,8 @@ class Setup:
     self.shardings = TrainState(step=sharding.replicated(mesh), params=p_shard, opt_state=o_shard,
                                 teacher=p_shard["base"] if self.use_teacher else None)
     self.data_sharding = sharding.batch_sharding(mesh)
-    loss_fn = make_loss_fn(config, cfg)
+    loss_fn = sharded_loss(make_loss_fn(config, cfg, execution_config(config)), mesh,
+                           config.logical_axis_rules)
     step_fn = functools.partial(
         train_step, loss_fn=loss_fn, tx=self.tx, trainable=self.trainable,
         accum_steps=config.optim.grad_accum_steps,
@@ -77,6 +80,14 @@ class Setup:
 
   def abstract_state(self):
     return checkpoints.abstract_with_shardings(self.abstract, self.shardings)
+
+
+def sharded_loss(loss_fn, mesh, rules):
+  """loss_fn traced with activation sharding constraints (and kernels shard_mapped) on `mesh`."""
+  def wrapped(*args, **kwargs):
+    with partitioning.activation_sharding(mesh, rules):
+      return loss_fn(*args, **kwargs)
+  return wrapped
 
 
 def place(tree, abstract, shardings, name: str):

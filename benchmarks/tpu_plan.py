@@ -1,0 +1,149 @@
+r"""What fits which TPU slice: AOT-compiles train steps and decode loops with the real XLA TPU
+compiler on this (CPU) host and prints JSON lines plus a table.
+
+    nice -n 10 python -m benchmarks.tpu_plan                        # the README plan
+    python -m benchmarks.tpu_plan --train llama3_1b@v5e:2x4 --decode none
+    python -m benchmarks.tpu_plan --train none --decode 1b@v5e:2x2:8:4096
+
+Train entries are `config@topology[:key=value,..]` (a configs/ module; overrides of its fields,
+e.g. `llama3_1b@v5e:2x4:data.batch_size=16,model.remat=save_dots`). Decode entries are
+`size@topology:batch:slots` (one chip of the topology; HAMburger and base decoding both).
+Per chip: XLA's argument / temporary / total bytes against the chip's HBM; per step: XLA's FLOPs
+(summed over chips) and their ratio to the model FLOPs (6 N tokens + causal attention, see
+`model_flops`): the rematerialisation overhead. Decode: XLA's bytes accessed by the loop program
+(while-loop bodies counted once: about one macro step). Needs libtpu (requirements-test.txt).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+
+import jax
+
+from hamburger_jax.model.hamburger import init_params, param_count
+from hamburger_jax.train import aot
+from hamburger_jax.train.run_config import model_config
+
+DEFAULT_TRAIN = ("llama3_1b@v5e:2x4", "llama3_1b@v5p:2x2x1", "llama3_3b@v5p:2x2x1",
+                 "llama3_8b@v5p:2x2x2")
+DEFAULT_DECODE = tuple(f"1b@v5e:2x2:{b}:4096" for b in (1, 8, 64))
+_DECODE_PRESETS = {"1b": "llama3.2-1b", "3b": "llama3.2-3b", "8b": "llama3.1-8b"}
+
+
+def _set(config, key: str, value: str):
+  *path, last = key.split(".")
+  node = config
+  for p in path:
+    node = node[p]
+  old = node[last]
+  node[last] = (value.lower() in ("1", "true") if isinstance(old, bool) else
+                value if isinstance(old, str) else type(old)(float(value)))
+
+
+def load_config(entry: str):
+  """'config@topology[:k=v,..]' -> (ml_collections config, topology)."""
+  name, rest = entry.split("@", 1)
+  chip, shape, *overrides = rest.split(":", 2)
+  topology, overrides = f"{chip}:{shape}", (overrides or [""])[0]
+  config = importlib.import_module(f"configs.{name}").get_config()
+  for kv in filter(None, overrides.split(",")):
+    key, value = kv.split("=", 1)
+    _set(config, key, value)
+  return config, topology
+
+
+def model_flops(config) -> float:
+  """Useful FLOPs of one optimizer step: 6 x params x tokens each part sees + causal attention.
+
+  Base layers see B x M macro inputs, the micro decoder B x M x (F + S - 1) inputs, the LM head
+  and the stop head B x M x S outputs; attention adds 12 x L x T^2 / 2 x heads x head_dim per row
+  (forward + backward, causal half). Embedding lookups are free; the embedder is counted as
+  6 x its params x B x M.
+  """
+  cfg = model_config(config)
+  b, m, s, f = config.data.batch_size, config.data.seq_len, cfg.max_steps, cfg.num_features
+  shapes = jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0)))
+  base, c = shapes["base"], cfg.base
+  layer = param_count(base["layers_0"])
+  head = c.vocab_size * c.hidden_size
+  micro_len = f + s - 1
+  attn = lambda rows, t, layers: 12 * layers * rows * t * t / 2 * c.num_heads * c.head_dim
+  total = 6 * layer * c.num_layers * b * m + attn(b, m, c.num_layers)
+  total += 6 * param_count(shapes["embedder"]) * b * m
+  micro = shapes["micro_decoder"]
+  total += 6 * layer * cfg.num_micro_layers * b * m * micro_len
+  total += attn(b * m, micro_len, cfg.num_micro_layers)
+  total += 6 * (head + param_count(micro["stop_head"])) * b * m * s
+  return float(total)
+
+
+def train_row(entry: str) -> dict:
+  config, topology = load_config(entry)
+  devices = aot.topology_devices(topology)
+  report = aot.compile_train_step(config, devices)
+  row = {"kind": "train", "entry": entry, "topology": topology, "chips": len(devices),
+         "batch": f"{config.data.batch_size}x{config.data.seq_len}",
+         "remat": config.model.remat, "attention": config.model.attention,
+         "scan": bool(config.model.scan_layers), **report}
+  if report["fits"]:
+    row["model_flops"] = model_flops(config)
+    row["xla_flops_total"] = report["flops"] * len(devices)
+    row["flops_ratio"] = row["xla_flops_total"] / row["model_flops"]
+  return row
+
+
+def decode_rows(entry: str) -> list[dict]:
+  size, chip, shape, batch, slots = entry.replace("@", ":").split(":")
+  from hamburger_jax.model.config import get_preset
+  cfg = get_preset(_DECODE_PRESETS[size], dtype="bfloat16", param_dtype="bfloat16")
+  device = aot.topology_devices(f"{chip}:{shape}", 1)[0]
+  rows = []
+  for base in (False, True):
+    report = aot.compile_decode_loop(cfg, device, batch=int(batch), cache_length=int(slots),
+                                     base=base)
+    rows.append({"kind": "decode", "entry": entry, "model": "base" if base else "hamburger",
+                 "batch": int(batch), "slots": int(slots), **report})
+  return rows
+
+
+def table(rows) -> str:
+  lines = [f"{'what':44s} {'args':>6s} {'temp':>6s} {'total':>6s} {'HBM':>6s} {'free':>5s} "
+           f"{'TFLOP':>7s} {'ratio':>5s} {'GB acc':>7s} {'compile':>7s}"]
+  for r in rows:
+    what = (f"train {r['entry']}" if r["kind"] == "train" else
+            f"decode {r['model']} {r['entry']}")
+    if not r["fits"]:
+      lines.append(f"{what:44s} does not fit: {r.get('error', '')[:90]}")
+      continue
+    lines.append(
+        f"{what:44s} {r['argument_gib']:6.2f} {r['temp_gib']:6.2f} {r['total_gib']:6.2f} "
+        f"{r['hbm_gib']:6.2f} {100 * r['hbm_free_frac']:4.0f}% "
+        f"{r.get('xla_flops_total', r['flops']) / 1e12:7.1f} {r.get('flops_ratio', 0):5.2f} "
+        f"{r['bytes_accessed'] / 1e9:7.2f} {r['compile_s']:6.0f}s")
+  return "\n".join(lines)
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--train", nargs="*", default=list(DEFAULT_TRAIN))
+  p.add_argument("--decode", nargs="*", default=list(DEFAULT_DECODE))
+  args = p.parse_args(argv)
+  if not aot.libtpu_available():
+    sys.exit("tpu_plan needs libtpu: pip install 'libtpu==0.0.42.*'.")
+  rows = []
+  for entry in (e for e in args.train if e != "none"):
+    rows.append(train_row(entry))
+    print(json.dumps(rows[-1]), flush=True)
+  for entry in (e for e in args.decode if e != "none"):
+    for row in decode_rows(entry):
+      rows.append(row)
+      print(json.dumps(row), flush=True)
+  print("Machine: this CPU host compiling for abstract TPU chips (libtpu); GiB per chip.")
+  print(table(rows))
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,159 @@
+"""Ahead-of-time compilation for TPU topologies from any host (libtpu, no TPU needed).
+
+    devices = topology_devices("v5e:2x4")                 # 8 abstract v5e chips
+    report = compile_train_step(config, devices)          # memory per chip, FLOPs, compile s
+    report = compile_decode_loop(cfg, devices[:1], batch=8, cache_length=4096)
+
+The XLA TPU compiler plans memory exactly as on the chips: a program that does not fit raises
+RESOURCE_EXHAUSTED at compile time; `fits=False` and the message are reported instead.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+
+import jax
+import jax.numpy as jnp
+
+from hamburger_jax.model.batch import BATCH_FIELDS
+from hamburger_jax.train import sharding
+
+GIB = 1024 ** 3
+HBM_GIB = {"v4": 32.0, "v5e": 15.75, "v5p": 95.0, "v6e": 31.25}   # usable per chip
+PEAK_TFLOPS = {"v4": 275.0, "v5e": 197.0, "v5p": 459.0, "v6e": 918.0}
+_ACCELERATOR = {"v4": "v4-8", "v5e": "v5litepod-8", "v5p": "v5p-8", "v6e": "v6e-8"}
+_KINDS = {"TPU v4": "v4", "TPU v5 lite": "v5e", "TPU v5": "v5p", "TPU v6 lite": "v6e"}
+
+
+def libtpu_available() -> bool:
+  try:
+    import libtpu  # noqa: F401
+  except ImportError:
+    return False
+  return True
+
+
+def chip_kind(topology: str) -> str:
+  return topology.split(":")[0]
+
+
+def topology_devices(topology: str, num_chips: int | None = None):
+  """The abstract chips of a TPU topology name such as 'v5e:2x4' or 'v5p:2x2x2' (first n)."""
+  if not libtpu_available():
+    raise RuntimeError("TPU compilation needs libtpu: pip install 'libtpu==0.0.42.*' (the "
+                       "version jax[tpu] pins for this jax).")
+  from jax.experimental import topologies
+  os.environ.setdefault("TPU_ACCELERATOR_TYPE", _ACCELERATOR.get(chip_kind(topology), ""))
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")   # compiling only: no chip is opened
+  devices = topologies.get_topology_desc(platform="tpu", topology_name=topology).devices
+  return list(devices[:num_chips] if num_chips else devices)
+
+
+def abstract_batch(config, cfg, rows: int, mesh) -> dict:
+  """ShapeDtypeStructs of a training batch of `rows` rows, sharded like the real one."""
+  m, s = config.data.seq_len, cfg.max_steps
+  shapes = {"group_tokens": (rows, m, s), "target_tokens": (rows, m, s)}
+  spec = sharding.batch_sharding(mesh)
+  return {k: jax.ShapeDtypeStruct(shapes.get(k, (rows, m)), jnp.int32, sharding=spec)
+          for k in BATCH_FIELDS}
+
+
+def memory_report(compiled, hbm_gib: float | None = None) -> dict:
+  """Per-chip bytes of XLA's memory plan (GiB) and its cost analysis (FLOPs, bytes accessed)."""
+  mem = compiled.memory_analysis()
+  gib = lambda n: n / GIB
+  out = {"argument_gib": gib(mem.argument_size_in_bytes),
+         "output_gib": gib(mem.output_size_in_bytes),
+         "alias_gib": gib(mem.alias_size_in_bytes),
+         "temp_gib": gib(mem.temp_size_in_bytes),
+         "code_gib": gib(mem.generated_code_size_in_bytes)}
+  out["total_gib"] = (out["argument_gib"] + out["output_gib"] - out["alias_gib"]
+                      + out["temp_gib"] + out["code_gib"])
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  out["flops"] = float(cost.get("flops", 0.0))
+  out["bytes_accessed"] = float(cost.get("bytes accessed", 0.0))
+  if hbm_gib:
+    out["hbm_gib"] = hbm_gib
+    out["hbm_free_frac"] = 1.0 - out["total_gib"] / hbm_gib
+  return out
+
+
+def _compile(lowered_fn, hbm_gib):
+  """Runs lower+compile -> report dict (fits=False with XLA's message when HBM is exceeded)."""
+  t0 = time.perf_counter()
+  try:
+    compiled = lowered_fn().compile()
+  except Exception as e:   # XLA reports out-of-memory as a runtime error at compile time
+    msg = str(e)
+    if "RESOURCE_EXHAUSTED" not in msg:
+      raise
+    needed = re.search(r"required for [^(]*\(([\d.]+)G\)", msg)
+    return {"fits": False, "compile_s": time.perf_counter() - t0, "error": msg.splitlines()[0],
+            "temp_gib": float(needed.group(1)) if needed else None, "hbm_gib": hbm_gib}
+  report = memory_report(compiled, hbm_gib)
+  report.update(fits=report["total_gib"] <= hbm_gib, compile_s=time.perf_counter() - t0)
+  return report
+
+
+def compile_train_step(config, devices) -> dict:
+  """AOT-compiles `Setup(config).train_step` on `devices` with the config's full batch."""
+  from hamburger_jax.train.run_config import model_config
+  from hamburger_jax.train.setup import Setup
+  cfg = model_config(config)
+  mesh = sharding.make_mesh(config.mesh, devices)
+  setup = Setup(config, cfg, mesh)
+  batch = abstract_batch(config, cfg, config.data.batch_size, mesh)
+  return _compile(lambda: setup.train_step.lower(setup.abstract_state(), batch), hbm_gib(devices))
+
+
+def chip_name(devices) -> str:
+  """'v5e' / 'v5p' / 'v4' / 'v6e' of the devices (their device_kind)."""
+  kind = devices[0].device_kind
+  if kind not in _KINDS:
+    raise ValueError(f"Unknown TPU device kind {kind!r}; known: {sorted(_KINDS)}.")
+  return _KINDS[kind]
+
+
+def hbm_gib(devices) -> float:
+  return HBM_GIB[chip_name(devices)]
+
+
+def _on(device, tree):
+  """ShapeDtypeStructs of `tree` committed to one device."""
+  spec = jax.sharding.SingleDeviceSharding(device)
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=spec), tree)
+
+
+def compile_decode_loop(cfg, device, batch: int, cache_length: int, prompt_len: int = 16,
+                        base: bool = False) -> dict:
+  """AOT-compiles the decode loop (`decode.sampler`'s while_loop over macro steps) on one chip.
+
+  cfg: a HamburgerConfig (its dtypes are the params' and the KV cache's); base=True decodes with
+  the base model alone (one token per macro step). Params and the state are abstract.
+  """
+  from hamburger_jax.decode import sampler, state as ds
+  from hamburger_jax.decode.sampling import SamplingParams
+  from hamburger_jax.model.hamburger import init_params
+  from hamburger_jax.model.llama import init_llama_params
+  model_cfg = cfg.base if base else cfg
+  init = (lambda r: init_llama_params(cfg.base, r)) if base else (lambda r: init_params(cfg, r))
+  params = jax.eval_shape(init, jax.random.PRNGKey(0))
+  engine = sampler.DecodeEngine(model_cfg, cache_length, cache_length)
+  knobs = ds.DecodeKnobs(jnp.float32(0.8), jnp.int32(cache_length), jnp.int32(engine.max_steps),
+                         jnp.full((ds.MAX_EOS,), -1, jnp.int32), SamplingParams.greedy())
+  zeros = jnp.zeros((batch,), jnp.int32)
+  state = jax.eval_shape(lambda p: sampler._prefill(
+      engine, p, jnp.zeros((batch, prompt_len), jnp.int32), zeros, zeros + prompt_len + 1,
+      jnp.zeros((batch,), bool), jax.random.PRNGKey(0), knobs), params)
+  loop = sampler._jitted("loop", True)
+  args = _on(device, (params, state, jax.ShapeDtypeStruct((), jnp.int32)))
+  report = _compile(lambda: loop.lower(engine, *args), hbm_gib([device]))
+  # Bytes one macro step touches: the loop body's share of the loop's bytes accessed is not
+  # separable in XLA's cost model, so this is the whole loop body counted once per iteration.
+  report["kv_cache_gib"] = sum(x.size * x.dtype.itemsize
+                               for x in jax.tree.leaves(state.cache)) / GIB
+  report["param_gib"] = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params)) / GIB
+  return report

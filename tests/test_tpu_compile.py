@@ -1,0 +1,38 @@
+"""The real XLA TPU compiler (libtpu, no TPU needed) plans the paper's recipe and the decode loop.
+
+Skipped when libtpu is not importable (pip install -r requirements-test.txt installs it).
+"""
+
+import dataclasses
+
+import pytest
+
+from hamburger_jax.train import aot
+
+pytestmark = pytest.mark.skipif(not aot.libtpu_available(),
+                                reason="libtpu is not installed: pip install 'libtpu==0.0.42.*'")
+
+
+def test_llama3_1b_recipe_train_step_fits_v5e_2x4():
+  from configs import llama3_1b
+  config = llama3_1b.get_config()
+  report = aot.compile_train_step(config, aot.topology_devices("v5e:2x4"))
+  assert report["fits"], report
+  assert report["total_gib"] <= 14.0, report
+  # Params, Adam moments and nothing else big are arguments: ~1.5B x 12 bytes / 8 chips.
+  assert 1.5 < report["argument_gib"] < 3.0, report
+  assert report["flops"] > 0
+
+
+def test_decode_loop_compiles_for_one_v5e_chip():
+  from hamburger_jax.model.config import get_preset
+  cfg = get_preset("tiny")
+  base = dataclasses.replace(cfg.base, num_layers=4, dtype="bfloat16", param_dtype="bfloat16")
+  cfg = cfg.replace(base=base, feature_layers=(0, 1, 2), num_micro_layers=1, merger_heads=4)
+  device = aot.topology_devices("v5e:2x2", 1)[0]
+  report = aot.compile_decode_loop(cfg, device, batch=8, cache_length=256)
+  assert report["fits"], report
+  # The KV cache and the params are the loop's arguments (donated: aliased to its outputs).
+  assert report["argument_gib"] >= report["kv_cache_gib"] + report["param_gib"], report
+  assert report["alias_gib"] >= report["kv_cache_gib"], report
+  assert report["bytes_accessed"] > 0
