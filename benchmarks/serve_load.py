@@ -8,8 +8,9 @@ For each engine, serve.py runs in a subprocess on 127.0.0.1 (token-id prompts, /
 and is warmed up with a few requests; then --requests requests (random prompts and max_tokens
 from a fixed seed) are sent by the `openai` client, --concurrency at a time. Checks: every
 response arrives, and its tokens equal the same request decoded alone (`Sampler.decode`, greedy,
-same KV buffer). Reports p50 / p99 latency, output tokens/s over the whole run, and the ratio of
-each engine's throughput to the serial engine's (one request at a time). Writes
+same KV buffer). Reports p50 / p99 latency, output tokens/s over the whole run, the ratio of
+each engine's throughput to the serial engine's (one request at a time), and the share of the
+run the server's engine thread spent inside `engine.step()` (the rest: HTTP, queueing, idling). Writes
 <out_dir>/serve_load.json. Random weights (no --ckpt) say nothing about a trained model's
 group lengths.
 """
@@ -36,7 +37,6 @@ from report import markdown_table, write_json  # noqa: E402  pylint: disable=imp
 from hamburger_jax.decode import cli as decode_cli  # noqa: E402
 from hamburger_jax.decode.sampler import Sampler  # noqa: E402
 from hamburger_jax.model.config import HamburgerConfig  # noqa: E402
-from hamburger_jax.serve import engines  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -147,14 +147,24 @@ def bench_engine(args, engine: str, workload, references) -> dict:
     wait_healthy(proc, url)
     warm = workload[:args.num_slots]                    # compiles every bucket the load uses
     asyncio.run(run_load(url, "bench", warm, args.concurrency, args.confidence))
+    before = _engine_stats(url)
     results, wall = asyncio.run(run_load(url, "bench", workload, args.concurrency,
                                          args.confidence))
+    after = _engine_stats(url)
   finally:
     proc.send_signal(signal.SIGTERM)
     code = proc.wait(120)
   out = summarize(results, wall, references)
-  out.update(engine=engine, exit_code=code)
+  busy = after["step_s"] - before["step_s"]
+  out.update(engine=engine, exit_code=code, engine_steps=after["steps"] - before["steps"],
+             engine_busy_s=busy, engine_busy_share=busy / wall)
   return out
+
+
+def _engine_stats(url: str) -> dict:
+  """The server's engine counters (GET /health): steps run and seconds spent in them."""
+  import httpx2  # pylint: disable=g-import-not-at-top
+  return httpx2.get(url + "/health", timeout=10).json()
 
 
 def _load_model(args):
@@ -163,11 +173,13 @@ def _load_model(args):
 
 
 def _table(rows) -> str:
-  header = ["engine", "answered", "identical", "p50 s", "p99 s", "tokens/s", "x serial"]
+  header = ["engine", "answered", "identical", "p50 s", "p99 s", "tokens/s", "x serial",
+            "engine busy"]
   return markdown_table(header, [
       [r["engine"], f"{r['answered']}/{r['requests']}", r["identical_to_alone"],
        f"{r['latency_p50_s']:.3f}", f"{r['latency_p99_s']:.3f}", f"{r['tokens_per_s']:.1f}",
-       f"{r.get('throughput_vs_serial', float('nan')):.2f}"] for r in rows])
+       f"{r.get('throughput_vs_serial', float('nan')):.2f}",
+       f"{r['engine_busy_share']:.0%}"] for r in rows])
 
 
 def main(argv=None) -> int:
@@ -192,11 +204,7 @@ def main(argv=None) -> int:
   workload = make_workload(args.requests, args.seed, vocab,
                            max_tokens=(max(1, args.max_tokens // 4), args.max_tokens))
   refs = reference_tokens(cfg, params, workload, args.cache_length, args.confidence, base_only)
-  names = args.engines.split(",")
-  if "continuous" in names and not engines.continuous_available():
-    print("The continuous engine is not installed: benchmarking the serial engine only.")
-    names.remove("continuous")
-  rows = [bench_engine(args, e, workload, refs) for e in names]
+  rows = [bench_engine(args, e, workload, refs) for e in args.engines.split(",")]
   serial = next((r for r in rows if r["engine"] == "serial"), None)
   for r in rows:
     if serial is not None:
@@ -205,8 +213,9 @@ def main(argv=None) -> int:
   result = {"machine": f"{platform.platform()}; {os.cpu_count()} CPU cores; device "
                        f"{jax.devices()[0].device_kind}", "ckpt": args.ckpt,
             "settings": {k: v for k, v in vars(args).items() if k != "out_dir"}, "engines": rows}
-  write_json(result, os.path.join(args.out_dir, "serve_load.json"))
   print(_table(rows))
+  os.makedirs(args.out_dir, exist_ok=True)
+  write_json(result, os.path.join(args.out_dir, "serve_load.json"))
   return 0 if all(r["identical_to_alone"] for r in rows) else 1
 
 

@@ -29,8 +29,6 @@ from hamburger_jax.serve.service import Service
 from hamburger_jax.serve.worker import EngineWorker
 from hamburger_jax.text.tokenizer import TokenizerError
 
-_log = logging.getLogger("hamburger_jax.serve")
-
 
 class UsageError(ValueError):
   """A bad command line (the message says what to change)."""
@@ -51,9 +49,8 @@ class ServeArgs:
   token_ids: bool = _flag(False, "no tokenizer: completions take and return token ids")
   system: str | None = _flag(None, "system message of chat requests that give none")
   base: bool = _flag(False, "plain base-model decoding (the speed baseline)")
-  engine: str | None = _flag(
-      None, "'continuous' (batched) or 'serial' (one request at a time); default: continuous "
-            "when installed, else serial")
+  engine: str = _flag("continuous", "'continuous' (up to --num_slots requests decoded together) "
+                                     "or 'serial' (one request at a time, the baseline)")
   num_slots: int = _flag(8, "requests decoded together (continuous engine)")
   cache_length: int = _flag(1024, "KV slots per request (bounds the prompt length)")
   chunk_steps: int = _flag(8, "macro steps between two event deliveries")
@@ -80,7 +77,7 @@ def check_args(a: ServeArgs) -> None:
   if not a.ckpt:
     raise UsageError("--ckpt is required (a hamburger_jax export dir, an HF Llama dir, an "
                      "original HAMburger checkpoint with --base_config, or 'smollm2').")
-  if a.engine is not None and a.engine not in engines.ENGINES:
+  if a.engine not in engines.ENGINES:
     raise UsageError(f"--engine must be one of {engines.ENGINES}, got {a.engine!r}.")
   positive = ("num_slots", "cache_length", "chunk_steps", "min_prompt_bucket", "max_queue",
               "default_max_tokens")
@@ -97,41 +94,27 @@ def check_args(a: ServeArgs) -> None:
     raise UsageError("--temperature must be in [0, 2] and --confidence in (0, 1].")
 
 
-def engine_kind(requested: str | None) -> str:
-  """The engine to run: `requested`, or continuous when installed, else serial (logged)."""
-  if requested == "continuous":
-    engines.continuous_class()             # EngineUnavailable names the fix
-  if requested is not None:
-    return requested
-  if engines.continuous_available():
-    return "continuous"
-  _log.warning("The continuous-batching engine (hamburger_jax/decode/batching.py) is not "
-               "installed: serving one request at a time (--engine serial).")
-  return "serial"
-
-
 def default_model_id(ckpt: str) -> str:
   return "hamburger-" + os.path.basename(os.path.normpath(ckpt))
 
 
-def service_for(engine, cfg, tokenizer, a: ServeArgs, kind: str) -> Service:
-  """The Service around `engine` (its worker not started yet)."""
-  request_cls, _ = engines.records()
+def service_for(engine, cfg, tokenizer, a: ServeArgs) -> Service:
+  """The Service around `engine` (of kind a.engine; its worker not started yet)."""
   limit = a.max_tokens or a.cache_length
   limits = Limits(max_tokens=limit, default_max_tokens=min(a.default_max_tokens, limit),
                   default_temperature=a.temperature, default_confidence=a.confidence)
   llama = cfg.base if isinstance(cfg, HamburgerConfig) else cfg
-  slots = a.num_slots if kind == "continuous" else 1
+  slots = a.num_slots if a.engine == "continuous" else 1
   return Service(EngineWorker(engine, capacity=slots + a.max_queue),
                  a.model_id or default_model_id(a.ckpt), tokenizer=tokenizer,
                  vocab_size=llama.vocab_size, max_prompt_len=engine.max_prompt_len,
-                 limits=limits, request_cls=request_cls, request_timeout=a.request_timeout,
-                 system=a.system, engine_name=kind)
+                 limits=limits, request_timeout=a.request_timeout, system=a.system,
+                 engine_name=a.engine)
 
 
-def warm_up(engine, request_cls) -> None:
+def warm_up(engine) -> None:
   """Compiles the engine's steps with one short request (before the worker thread exists)."""
-  engine.submit(request_cls(prompt_ids=[0], max_new_tokens=2))
+  engine.submit(engines.Request(prompt_ids=[0], max_new_tokens=2))
   while engine.has_work():
     engine.step()
 
@@ -143,17 +126,16 @@ def build(a: ServeArgs) -> Service:
       ckpt=a.ckpt, base_config=a.base_config, tokenizer=a.tokenizer, token_ids=a.token_ids,
       system=a.system))
   tokenizer = decode_cli._tokenizer(dargs)              # pylint: disable=protected-access
-  kind = engine_kind(a.engine)
   cfg, params, base_only = decode_cli._load(            # pylint: disable=protected-access
       dataclasses.replace(dargs, base=a.base))
   llama = cfg.base if isinstance(cfg, HamburgerConfig) else cfg
   engine = engines.make_engine(
-      kind, cfg, params, base=base_only, num_slots=a.num_slots, cache_length=a.cache_length,
+      a.engine, cfg, params, base=base_only, num_slots=a.num_slots, cache_length=a.cache_length,
       chunk_steps=a.chunk_steps, eos_ids=tuple(llama.eos_token_ids),
       micro_policy=a.micro_policy, min_prompt_bucket=a.min_prompt_bucket)
   if a.warmup:
-    warm_up(engine, engines.records()[0])
-  return service_for(engine, cfg, tokenizer, dataclasses.replace(a, system=dargs.system), kind)
+    warm_up(engine)
+  return service_for(engine, cfg, tokenizer, dataclasses.replace(a, system=dargs.system))
 
 
 def serve(service: Service, a: ServeArgs) -> None:
@@ -203,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = parse_args(sys.argv[1:] if argv is None else argv)
     service = build(a)
   except (UsageError, DecodeInputError, CheckpointError, TokenizerError, ValueError,
-          engines.EngineUnavailable, decode_cli.UsageError) as e:
+          decode_cli.UsageError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   serve(service, a)

@@ -1,6 +1,7 @@
 """Decode engines behind the server: the continuous batcher, or one request at a time.
 
-Both have the interface of `hamburger_jax.decode.batching.ContinuousBatcher`:
+Both have the interface of `hamburger_jax.decode.batching.ContinuousBatcher` (and take its
+`Request`, return its `Event`s):
 
     engine = make_engine("serial", cfg, params, cache_length=256, chunk_steps=8, eos_ids=(2,))
     rid = engine.submit(Request(prompt_ids=[1, 5, 7], max_new_tokens=32))
@@ -16,67 +17,14 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import importlib
 from typing import Iterator
 
+from hamburger_jax.decode.batching import ContinuousBatcher, Event, Request
 from hamburger_jax.decode.sampler import Sampler
 from hamburger_jax.decode.state import DecodeResult
 from hamburger_jax.model.config import HamburgerConfig
 
 ENGINES = ("continuous", "serial")
-
-
-class EngineUnavailable(RuntimeError):
-  """The requested engine is not part of this installation."""
-
-
-# The request/event records of the batcher's interface (used when the batcher is not installed).
-@dataclasses.dataclass
-class Request:
-  """One generation request (token ids in, knobs as in `Sampler.decode`)."""
-  prompt_ids: list[int]
-  max_new_tokens: int = 256
-  confidence: float = 0.8
-  min_token_prob: float = 0.0
-  temperature: float = 0.0
-  top_k: int = 0
-  top_p: float = 1.0
-  seed: int = 0
-  stop_ids: tuple[int, ...] = ()      # extra stop ids beside the model's EOS ids
-
-
-@dataclasses.dataclass
-class Event:
-  """New tokens of one request since its last event."""
-  request_id: int
-  new_tokens: list[int]
-  finished: bool
-  finish_reason: str | None           # "eos" | "length" | "stop" | "buffer_full" when finished
-  macro_steps: int                    # so far, for this request
-  tokens: int
-
-
-_BATCHING = "hamburger_jax.decode.batching"
-
-
-def _batching():
-  """The continuous batcher's module, or None when this installation has none."""
-  try:
-    return importlib.import_module(_BATCHING)
-  except ModuleNotFoundError as e:
-    if e.name != _BATCHING:
-      raise
-    return None
-
-
-def continuous_available() -> bool:
-  return _batching() is not None
-
-
-def records():
-  """-> (Request, Event) classes: the batcher's when it is installed, else this module's."""
-  module = _batching()
-  return (Request, Event) if module is None else (module.Request, module.Event)
 
 
 @dataclasses.dataclass
@@ -165,13 +113,4 @@ def make_engine(kind: str, cfg, params, **kwargs):
     return SerialEngine(cfg, params, **dict(kwargs, num_slots=1))
   if kind != "continuous":
     raise ValueError(f"Unknown engine {kind!r}: use one of {ENGINES}.")
-  return continuous_class()(cfg, params, **kwargs)
-
-
-def continuous_class():
-  """The continuous batcher's class (EngineUnavailable when it is not installed)."""
-  module = _batching()
-  if module is None:
-    raise EngineUnavailable(f"The continuous-batching engine ({_BATCHING}) is not in this "
-                            "installation: pass --engine serial.")
-  return module.ContinuousBatcher
+  return ContinuousBatcher(cfg, params, **kwargs)

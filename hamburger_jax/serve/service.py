@@ -17,6 +17,7 @@ import dataclasses
 import time
 from typing import AsyncIterator, Sequence
 
+from hamburger_jax.decode.batching import Request
 from hamburger_jax.serve.protocol import ApiError, Limits, Settings
 from hamburger_jax.serve.text import TextOutput
 from hamburger_jax.serve.worker import EngineWorker, Failure, QueueFull, ShuttingDown
@@ -51,11 +52,11 @@ class Service:
   """What the HTTP routes call: encoding, admission, and the per-request event stream."""
 
   def __init__(self, worker: EngineWorker, model_id: str, *, tokenizer, vocab_size: int,
-               max_prompt_len: int, limits: Limits, request_cls, request_timeout: float,
+               max_prompt_len: int, limits: Limits, request_timeout: float,
                system: str | None = None, engine_name: str = ""):
     self.worker, self.model_id, self.tokenizer = worker, model_id, tokenizer
     self.vocab_size, self.max_prompt_len, self.limits = vocab_size, max_prompt_len, limits
-    self.request_cls, self.request_timeout = request_cls, request_timeout
+    self.request_timeout = request_timeout
     self.system, self.engine_name = system, engine_name
     self.chat_stop_ids = tuple(tokenizer.stop_ids(chat=True)) if tokenizer is not None else ()
     self.draining = False
@@ -104,7 +105,7 @@ class Service:
     if self.draining:
       raise ApiError(503, "The server is shutting down.", kind="server_error",
                      code="shutting_down")
-    request = self.request_cls(
+    request = Request(
         prompt_ids=prompt_ids, max_new_tokens=settings.max_tokens,
         confidence=settings.confidence, min_token_prob=settings.min_token_prob,
         temperature=settings.temperature, top_k=settings.top_k,

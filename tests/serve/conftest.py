@@ -30,7 +30,7 @@ CACHE_LENGTH = 64
 CHATML = ["<|im_start|>", "<|im_end|>", "<|endoftext|>"]
 _WORDS = ["<unk>", "hello", "the", "world", "user", "assistant", "system", "cat", "sat", "on",
           "mat", "a", "dog", "yes", "no", "red", "blue", "one", "two", "three"]
-ENGINES = ["serial"] + (["continuous"] if engines.continuous_available() else [])
+ENGINES = ["serial", "continuous"]
 
 
 def write_tokenizer(directory: str, vocab_size: int) -> str:
@@ -99,9 +99,10 @@ def make_engine(kind: str, cfg, params, **kwargs):
 
 @contextlib.contextmanager
 def serving(engine, cfg, tokenizer, kind: str = "serial", **args):
-  """A ServerThread around `engine` with ServeArgs(**args) (model id MODEL)."""
-  a = ServeArgs(ckpt="tiny", model_id=MODEL, cache_length=CACHE_LENGTH, num_slots=4, **args)
-  with ServerThread(service_for(engine, cfg, tokenizer, a, kind)) as server:
+  """A ServerThread around `engine` (of `kind`) with ServeArgs(**args) (model id MODEL)."""
+  a = ServeArgs(ckpt="tiny", model_id=MODEL, cache_length=CACHE_LENGTH, num_slots=4,
+                engine=kind, **args)
+  with ServerThread(service_for(engine, cfg, tokenizer, a)) as server:
     yield server
 
 

@@ -13,7 +13,6 @@ import pytest
 
 from conftest import MODEL, GatedEngine, free_port, make_engine, run_script, serving, \
     write_tokenizer
-from hamburger_jax.serve import engines
 import serve_load  # pylint: disable=import-error
 from hamburger_jax.testing.fixtures import make_tiny_checkpoint
 
@@ -85,10 +84,3 @@ def test_bad_command_lines_exit_2_with_one_line(args, message):
   assert proc.returncode == 2, err
   lines = [line for line in err.splitlines() if line.strip()]
   assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], err
-
-
-@pytest.mark.skipif(engines.continuous_available(), reason="the continuous engine is installed")
-def test_continuous_engine_missing_names_the_fix(tmp_path):
-  proc = run_script("--ckpt", str(tmp_path), "--token_ids", "--engine", "continuous")
-  _, err = proc.communicate(timeout=120)
-  assert proc.returncode == 2 and "--engine serial" in err and len(err.splitlines()) == 1
