@@ -6,6 +6,8 @@ import logging
 import os
 import shutil
 import signal
+import subprocess
+import sys
 
 import jax
 import ml_collections
@@ -21,6 +23,11 @@ from hamburger_jax.train.metrics_writer import read_jsonl
 from hamburger_jax.train.run_config import ConfigError, model_config, validate_config
 from hamburger_jax.train.setup import Setup
 from hamburger_jax.train.signals import Interrupted, StopOnSignal
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "benchmarks"))
+
+import fault_injection  # noqa: E402  pylint: disable=g-import-not-at-top,import-error
 
 STEPS, EVERY = 6, 2
 
@@ -156,12 +163,20 @@ def test_workdir_that_is_a_file_or_unwritable(tmp_path):
   afile.write_text("x")
   with pytest.raises(ConfigError, match="is a file, not a directory"):
     train_and_evaluate(_config(), str(afile))
-  if os.geteuid() == 0:
-    pytest.skip("root writes to read-only directories: the mode check needs a non-root user")
   ro = tmp_path / "ro"
-  ro.mkdir(mode=0o555)
-  with pytest.raises(ConfigError, match="is not writable"):
-    train_and_evaluate(_config(), str(ro / "w"))
+  if os.geteuid() == 0:              # root ignores directory modes: use a read-only mount
+    why = fault_injection.mount_tmpfs(str(ro), "1m,ro")
+    if why:
+      pytest.skip(f"root ignores directory modes and a read-only tmpfs cannot be mounted: {why}")
+  else:
+    ro.mkdir(mode=0o555)
+  try:
+    with pytest.raises(ConfigError, match=r"is not writable \((Read-only file system|Permission "
+                                          r"denied)\): pass a directory you can write to"):
+      train_and_evaluate(_config(), str(ro / "w"))
+  finally:
+    if os.geteuid() == 0:
+      subprocess.run(["umount", str(ro)], check=False)
 
 
 @pytest.mark.parametrize("field, value, message", [
@@ -221,6 +236,16 @@ def test_batch_with_token_ids_outside_the_vocabulary():
            "group_lengths": np.ones((1, 4), int)}
   with pytest.raises(DataError, match="token id 300 but the model's vocabulary has 256 ids"):
     batches.check_batch(batch, "hamburger", 256)
+
+
+def test_dataset_with_a_larger_vocabulary_is_refused_before_training(monkeypatch):
+  class Info:
+    metadata = {"vocab_size": 50_000}
+  from hamburger_jax.data import builder
+  monkeypatch.setattr(builder, "read_info", lambda *a, **k: Info())
+  c = _config(**{"data.source": "tfds", "data.name": "big", "data.data_dir": "/d"})
+  with pytest.raises(DataError, match=r"vocabulary of 50000 ids but the model has 256"):
+    batches.check_dataset(c, model_config(c))
 
 
 def test_first_signal_requests_a_stop_and_a_second_stops_at_once():

@@ -144,6 +144,15 @@ def _model_fingerprint(model) -> str:
   return fingerprint([repr(model[0])], (np.frombuffer(x.tobytes(), np.int32) for x in leaves))
 
 
+def _kept(cfg: PrepareConfig, start: float) -> PrepareResult:
+  """The existing version, once it reads back (DataError naming the damage otherwise)."""
+  check_existing(cfg.data_dir, cfg.name, cfg.version)
+  info = builder.read_info(cfg.data_dir, cfg.name, cfg.version)
+  return PrepareResult(builder.dataset_dir(cfg.data_dir, cfg.name, cfg.version),
+                       dict(info.metadata.get("stats", {})),
+                       dict(info.metadata.get("counters", {})), time.time() - start, True)
+
+
 def prepare_dataset(cfg: PrepareConfig, model: tuple[Any, Any] | None = None,
                     generate: distill.GenerateFn | None = None,
                     progress: bool = True, loader: Callable[[], tuple] | None = None
@@ -159,11 +168,7 @@ def prepare_dataset(cfg: PrepareConfig, model: tuple[Any, Any] | None = None,
   start = time.time()
   builder.check_name(cfg.name)
   if builder.dataset_exists(cfg.data_dir, cfg.name, cfg.version) and not cfg.overwrite:
-    check_existing(cfg.data_dir, cfg.name, cfg.version)
-    info = builder.read_info(cfg.data_dir, cfg.name, cfg.version)
-    return PrepareResult(builder.dataset_dir(cfg.data_dir, cfg.name, cfg.version),
-                         dict(info.metadata.get("stats", {})),
-                         dict(info.metadata.get("counters", {})), time.time() - start, True)
+    return _kept(cfg, start)
   counters: collections.Counter = collections.Counter()
   tok = ChatTokenizer(cfg.tokenize)
   examples = _load_examples(cfg, tok, counters)

@@ -2,10 +2,12 @@
 
     state = train_and_evaluate(config, workdir)        # configs/default.py documents `config`
 
-Flow: validate the config -> Mesh -> abstract state (eval_shape) -> NamedShardings from logical
-axis rules -> restore the latest checkpoint, or jit(init, out_shardings) -> jit(train_step,
-donate state) over batches sharded on data x fsdp -> metrics stay on device until log steps ->
-orbax saves (every N steps, on SIGTERM, at the end) -> params-only export to workdir/export.
+Flow: validate the config and workdir -> Mesh -> abstract state (eval_shape) -> NamedShardings
+from logical axis rules -> restore the newest good checkpoint (it reads, is finite and matches its
+digest; newer bad ones are moved to checkpoints/rejected/), or jit(init, out_shardings) ->
+jit(train_step, donate state) over batches sharded on data x fsdp -> metrics stay on device until
+log steps (then the loss is checked) -> orbax saves of finite states only (every N steps, after
+SIGTERM/SIGINT, at the end) -> params-only export to workdir/export.
 
 Modes: "hamburger" trains the grafted model (`HamburgerModel`, loss of `hamburger_jax.train.losses`,
 optionally with the base frozen and/or a distillation term); "base_lm" trains the base Llama alone
@@ -45,6 +47,7 @@ def check_workdir(workdir: str) -> None:
   except OSError as e:
     raise ConfigError(f"--workdir {workdir} is not writable ({e.strerror}): pass a directory "
                       "you can write to.") from e
+
 
 def check_finite(pending, ckpt: checkpoints.Checkpointer) -> None:
   """Reads the pending losses; FloatingPointError naming the first step with NaN/inf loss."""
