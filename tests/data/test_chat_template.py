@@ -27,7 +27,7 @@ def _three_uses(path: str, prompt, system):
   data_ids = prep.encode_prompt(prompt)
   engine_ids = tok.encode(prompt, chat=True, system=system)
   server = Service(None, "test", tokenizer=tok, vocab_size=tok.vocab_size, max_prompt_len=4096,
-                   limits=protocol.Limits(max_tokens=8, default_max_tokens=8), request_cls=None,
+                   limits=protocol.Limits(max_tokens=8, default_max_tokens=8),
                    request_timeout=1.0, system=system)
   messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
   uses = [data_ids, engine_ids, server.encode_chat(protocol.chat_messages({"messages": messages}))]
