@@ -188,8 +188,7 @@ class ContinuousBatcher:
 
   def _admit(self, slot: int, rid: int, r: Request) -> None:
     prompt = [int(t) for t in r.prompt_ids]
-    length = min(lp.next_pow2(len(prompt) - 1, self.min_prompt_bucket), self.engine.cache_length)
-    prefix, last, lengths = pad_prefixes([prompt], 1, length)
+    prefix, last, lengths = pad_prefixes([prompt], 1, self.prompt_bucket(len(prompt)))
     knobs = ds.DecodeKnobs.make(
         1, confidence=r.confidence, min_token_prob=r.min_token_prob,
         max_new_tokens=min(r.max_new_tokens, np.iinfo(np.int32).max),
@@ -199,6 +198,10 @@ class ContinuousBatcher:
                                   lengths, knobs, row_keys([r.seed], [0]))
     self._slots[slot] = _Running(rid, r)
     self._cancel[slot] = False
+
+  def prompt_bucket(self, prompt_len: int) -> int:
+    """The prefill length of a prompt of this many tokens (one admission compile per bucket)."""
+    return min(lp.next_pow2(prompt_len - 1, self.min_prompt_bucket), self.engine.cache_length)
 
   def _collect(self, slot: int, view: dict) -> Event:
     """The event of the request in `slot` from the chunk's host view; frees finished slots."""

@@ -1,0 +1,198 @@
+r"""Batched decode speed of the shipped HAMburger-SmolLM2 vs its base: static vs continuous batching,
+per micro-step policy, with the quality cost of policies that cut groups. One run, one machine.
+
+    nice -n 10 python benchmarks/batching_speed.py                       # batch 1, 8, 32
+    python benchmarks/batching_speed.py --batch_sizes 8 --num_prompts 8 --max_new_tokens 16  # quick
+
+Prompts: held-out standard-library prompts (chat template), greedy, no EOS (every answer has
+exactly --max_new_tokens tokens, so every setting decodes the same number of tokens).
+Static batching: `Sampler.decode` over consecutive batches of b prompts. Continuous batching:
+`ContinuousBatcher` with b slots fed all prompts. Reported per setting: tokens/s end to end
+(prefill + decode wall time, compile excluded by a warm-up pass), static decode-only tokens/s
+(the loop alone), tokens per macro step, and quality against the base's greedy answers (token
+agreement, base-model NLL of the answers). Component costs: one base forward and one micro step
+at each batch size; a micro step costs the same however many rows continue (every row is
+computed), which is what the micro-step policies trade on.
+Writes JSON (--out) and prints a table.
+"""
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from hamburger_jax.decode import evaluation  # noqa: E402
+from hamburger_jax.decode.batching import ContinuousBatcher, Request  # noqa: E402
+from hamburger_jax.decode.models import decode_model  # noqa: E402
+from hamburger_jax.decode.sampler import Sampler  # noqa: E402
+from hamburger_jax.model.attention import init_cache  # noqa: E402
+from hamburger_jax.recipes import smollm2  # noqa: E402
+from hamburger_jax.text.gguf_tokenizer import apply_chatml  # noqa: E402
+from quality import heldout_prompts  # noqa: E402
+
+
+def component_ms(cfg, params, batch_sizes, cache_length, repeats=20):
+  """Milliseconds of one base forward (one input per row) and one micro step, per batch size."""
+  model, _ = decode_model(cfg, params)
+  llama = model.llama
+  out = {}
+  for b in batch_sizes:
+    cache = init_cache(llama, llama.num_layers, b, cache_length)
+    groups = jnp.ones((b, 1, cfg.max_steps), jnp.int32)
+    ones = jnp.ones((b, 1), jnp.int32)
+    fwd = jax.jit(lambda p, c: model.forward(p, groups, ones, ones * 40, c, ones[:, 0] * 40))
+    feats, _ = fwd(params, cache)
+    micro = model.micro_prefill(params, feats[:, 0])
+    step = jax.jit(lambda p, m: model.micro_step(p, ones[:, 0], jnp.int32(1), m))
+    out[b] = {"base_forward_ms": _time(fwd, params, cache, repeats=repeats),
+              "micro_step_ms": _time(step, params, micro, repeats=repeats)}
+  return out
+
+
+def _time(fn, *args, repeats):
+  jax.block_until_ready(fn(*args))
+  t0 = time.perf_counter()
+  for _ in range(repeats):
+    r = fn(*args)
+  jax.block_until_ready(r)
+  return (time.perf_counter() - t0) / repeats * 1e3
+
+
+def run_static(sampler, prompts, b, n, **knobs):
+  """-> (token lists, macro steps, wall s, decode-only s); a 1-token pass compiles first."""
+  chunks = [prompts[i:i + b] for i in range(0, len(prompts), b)]
+  for c in {(len(c), sampler.prompt_bucket(c)): c for c in chunks}.values():   # each shape once
+    sampler.decode(c, max_new_tokens=1, eos_ids=[], **knobs)
+  t0 = time.perf_counter()
+  runs = [sampler.decode(c, max_new_tokens=n, eos_ids=[], **knobs) for c in chunks]
+  wall = time.perf_counter() - t0
+  return ([t for r in runs for t in r.tokens], [m for r in runs for m in r.macro_steps], wall,
+          sum(r.decode_s for r in runs))
+
+
+def run_continuous(batcher, prompts, n, confidence):
+  """-> (token lists, macro steps, wall s, None); a 1-token pass compiles first."""
+  buckets = {batcher.prompt_bucket(len(p)): p for p in prompts}             # each bucket once
+  batcher.generate([Request(p, 1, confidence) for p in buckets.values()])
+  t0 = time.perf_counter()
+  done = batcher.generate([Request(p, n, confidence) for p in prompts])
+  wall = time.perf_counter() - t0
+  return [c.tokens for c in done], [c.macro_steps for c in done], wall, None
+
+
+def row(batch, engine, model, policy, run, prompts, base_tokens, scorer):
+  tokens, steps, wall, decode_s = run
+  total = sum(len(t) for t in tokens)
+  agree = [evaluation.agreement(h, b)[0] for h, b in zip(tokens, base_tokens)]
+  return {"batch": batch, "engine": engine, "model": model, "policy": policy,
+          "requests": len(tokens), "tokens": total, "wall_s": wall,
+          "tokens_per_s": total / wall,
+          "decode_only_tokens_per_s": None if decode_s is None else total / decode_s,
+          "tokens_per_step": total / max(sum(steps), 1),
+          "token_agreement": float(np.mean(agree)),
+          "base_nll": scorer.mean_nll(prompts, tokens)}
+
+
+def bench_batch(b, cfg, params, prompts, args, scorer):
+  """All settings at one batch size -> rows."""
+  n, conf = args.max_new_tokens, args.confidence
+  cache = max(len(p) for p in prompts) + n + 1
+  kw = dict(cache_length=cache, out_length=n)
+  base_s, ham_s = Sampler(cfg, params, base=True, **kw), Sampler(cfg, params, **kw)
+  ckw = dict(num_slots=b, cache_length=cache, chunk_steps=args.chunk_steps, eos_ids=(-1,))
+  base_c = ContinuousBatcher(cfg, params, base=True, **ckw)
+  ham_c = ContinuousBatcher(cfg, params, **ckw)
+  base_static = run_static(base_s, prompts, b, n)
+  base_tokens = base_static[0]
+  rows = [row(b, "static", "base", None, base_static, prompts, base_tokens, scorer),
+          row(b, "continuous", "base", None, run_continuous(base_c, prompts, n, 1.0), prompts,
+              base_tokens, scorer)]
+  for policy in args.policies.split(","):
+    if b == 1 and policy != "all":
+      continue                       # one row: every policy is "all"
+    rows.append(row(b, "static", "hamburger", policy,
+                    run_static(ham_s, prompts, b, n, confidence=conf, micro_policy=policy),
+                    prompts, base_tokens, scorer))
+    ham_c.set_micro_policy(policy)
+    rows.append(row(b, "continuous", "hamburger", policy,
+                    run_continuous(ham_c, prompts, n, conf), prompts, base_tokens, scorer))
+    print(json.dumps(rows[-2:]), flush=True)
+  for r in rows:
+    ref = next(x for x in rows if x["model"] == "base" and x["engine"] == r["engine"])
+    r["vs_base"] = r["tokens_per_s"] / ref["tokens_per_s"]
+  return rows
+
+
+def format_table(result) -> str:
+  cols = ["batch", "engine", "model", "policy", "requests", "tokens_per_s", "vs_base",
+          "decode_only_tokens_per_s", "tokens_per_step", "token_agreement", "base_nll"]
+  lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+  for r in result["rows"]:
+    cells = ["-" if r.get(c) is None else f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c])
+             for c in cols]
+    lines.append("| " + " | ".join(cells) + " |")
+  lines.append("")
+  lines.append("| batch | base forward ms | micro step ms |")
+  lines.append("|---|---|---|")
+  for b, c in result["components"].items():
+    lines.append(f"| {b} | {c['base_forward_ms']:.2f} | {c['micro_step_ms']:.2f} |")
+  return "\n".join(lines)
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--batch_sizes", default="1,8,32")
+  parser.add_argument("--num_prompts", type=int, default=32, help="requests at batch >= 2")
+  parser.add_argument("--batch1_prompts", type=int, default=8, help="requests at batch 1")
+  parser.add_argument("--max_new_tokens", type=int, default=64)
+  parser.add_argument("--confidence", type=float, default=0.8)
+  parser.add_argument("--policies", default="all,fraction:0.25,fraction:0.5,min_rows:4")
+  parser.add_argument("--chunk_steps", type=int, default=8)
+  parser.add_argument("--out", default="docs/batching_speed.json")
+  args = parser.parse_args(argv)
+  batch_sizes = [int(x) for x in args.batch_sizes.split(",")]
+
+  t0 = time.time()
+  load_before = os.getloadavg()
+  cfg, params, tok, base_cfg = smollm2.load_shipped()
+  params = jax.device_put(params)          # one copy, shared by every sampler and batcher
+  items = heldout_prompts(max(args.num_prompts, args.batch1_prompts))
+  all_prompts = [tok.encode(apply_chatml(p["prompt"], default_system=smollm2.SYSTEM_PROMPT),
+                            add_special_tokens=False).ids for p in items]
+  scorer = evaluation.BaseScorer(base_cfg, params["base"])
+  cache = max(len(p) for p in all_prompts) + args.max_new_tokens + 1
+  result = {
+      "rows": [], "components": component_ms(cfg, params, batch_sizes, cache),
+      "max_new_tokens": args.max_new_tokens, "confidence": args.confidence,
+      "chunk_steps": args.chunk_steps, "prompts": "held-out stdlib prompts, chat template",
+      "device": jax.devices()[0].device_kind, "backend": jax.default_backend(),
+      "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, shared",
+      "load_average_before": load_before}
+  for b in batch_sizes:                  # the JSON is rewritten after every batch size
+    prompts = all_prompts[:args.batch1_prompts if b == 1 else args.num_prompts]
+    result["rows"] += bench_batch(b, cfg, params, prompts, args, scorer)
+    result.update(load_average_after=os.getloadavg(), seconds=time.time() - t0)
+    _write(result, args.out)
+  print(format_table(result))
+  print(json.dumps(result))
+  return result
+
+
+def _write(result, path):
+  if path:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+      json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+  main()
