@@ -266,6 +266,7 @@ def load_gguf_llama(path: str | os.PathLike, dtype: str = "float32",
       raise CheckpointError(f"{source}: token_embd has {rows} rows but the tokenizer lists "
                             f"{cfg.vocab_size} tokens.")
   abstract = jax.eval_shape(lambda: init_llama_params(cfg, jax.random.PRNGKey(0)))
+  # rope_freqs is read into the config's RopeScaling above, not into a parameter.
   params = load_into_tree(key_map, lambda name: gguf_tensor(tensors[name], cfg), set(tensors),
-                          abstract, source=source)
+                          abstract, source=source, ignore=lambda key: key == ROPE_FREQS)
   return cfg, params
