@@ -5,8 +5,12 @@ r"""The paper's recipe: HAMburger on Llama-3.2-1B-Instruct (spec §6).
         --config.data.name=hamburger_sft
 
 AdamW, lr 5e-5 (base) / 1e-4 (grafted), cosine to 1e-5, clip 1.0, accumulation 2, bf16 compute
-with f32 master weights, one epoch (set num_train_steps to one pass over the data). Fits one
-v5e-8 / 8xA100 slice with fsdp sharding.
+with f32 master weights, one epoch (set num_train_steps to one pass over the data), fsdp over all
+chips. Measured fit: without rematerialisation, blockwise attention and the chunked loss this step
+needed 267 GiB of temporaries per v5e chip (it fits no TPU chip); with configs/default.py's
+memory-efficient defaults the per-chip plan is what
+`python -m benchmarks.tpu_plan --train llama3_1b@v5e:2x4 --decode none` prints (the AOT TPU
+compiler on any host).
 """
 
 from configs import default
