@@ -56,10 +56,15 @@ def _imported_subpackages(pkg: str) -> dict[str, set[str]]:
   return out
 
 
+# AOT TPU plans compile the train step and the decode loop alike.
+EXCEPTIONS = {("train", "aot.py"): {"decode"}}
+
+
 def test_import_direction():
   for pkg, allowed in ALLOWED.items():
     for module, used in _imported_subpackages(pkg).items():
-      assert used <= allowed, f"hamburger_jax/{pkg}/{module} imports {sorted(used - allowed)}"
+      allowed_here = allowed | EXCEPTIONS.get((pkg, module), set())
+      assert used <= allowed_here, f"hamburger_jax/{pkg}/{module} imports {sorted(used - allowed_here)}"
 
 
 def test_package_data_declared():

@@ -134,21 +134,23 @@ def compile_decode_loop(cfg, device, batch: int, cache_length: int, prompt_len: 
   cfg: a HamburgerConfig (its dtypes are the params' and the KV cache's); base=True decodes with
   the base model alone (one token per macro step). Params and the state are abstract.
   """
-  from hamburger_jax.decode import sampler, state as ds
+  from hamburger_jax.decode import loop as lp, state as ds
+  from hamburger_jax.decode.models import decode_model
   from hamburger_jax.decode.sampling import SamplingParams
   from hamburger_jax.model.hamburger import init_params
-  from hamburger_jax.model.llama import init_llama_params
-  model_cfg = cfg.base if base else cfg
-  init = (lambda r: init_llama_params(cfg.base, r)) if base else (lambda r: init_params(cfg, r))
+  init = lambda r: init_params(cfg, r)
   params = jax.eval_shape(init, jax.random.PRNGKey(0))
-  engine = sampler.DecodeEngine(model_cfg, cache_length, cache_length)
-  knobs = ds.DecodeKnobs(jnp.float32(0.8), jnp.int32(cache_length), jnp.int32(engine.max_steps),
-                         jnp.full((ds.MAX_EOS,), -1, jnp.int32), SamplingParams.greedy())
+  model, params = decode_model(cfg, params, base=base)
+  engine = lp.DecodeEngine(model, cache_length, cache_length)
+  knobs = ds.DecodeKnobs.make(batch, confidence=0.8, min_token_prob=0.0,
+                              max_new_tokens=cache_length, max_group=engine.max_steps,
+                              eos_ids=(), sampling=SamplingParams.greedy())
   zeros = jnp.zeros((batch,), jnp.int32)
-  state = jax.eval_shape(lambda p: sampler._prefill(
+  state = jax.eval_shape(lambda p: lp.prefill(
       engine, p, jnp.zeros((batch, prompt_len), jnp.int32), zeros, zeros + prompt_len + 1,
-      jnp.zeros((batch,), bool), jax.random.PRNGKey(0), knobs), params)
-  loop = sampler._jitted("loop", True)
+      jnp.zeros((batch,), bool), jnp.zeros((batch, 2), jnp.uint32), knobs,
+      ds.MicroPolicy.parse("all")), params)
+  loop = jax.jit(lp.loop, static_argnums=0, donate_argnums=(2,))
   args = _on(device, (params, state, jax.ShapeDtypeStruct((), jnp.int32)))
   report = _compile(lambda: loop.lower(engine, *args), hbm_gib([device]))
   # Bytes one macro step touches: the loop body's share of the loop's bytes accessed is not
