@@ -78,7 +78,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.loss.stop_weight = 0.5      # weight of the stop-head BCE
   c.loss.kl_weight = 0.0        # distillation: weight of KL(teacher || student); 0 = off
   c.loss.teacher_len = 0        # plain tokens per row for the teacher; 0 = seq_len * max_steps
-  c.loss.chunk_size = 128       # LM head + CE/KL on this many macro positions at a time (float32
+  c.loss.chunk_size = 64        # LM head + CE/KL on this many macro positions at a time (float32
                                 # logits [B, chunk, S, V], recomputed in the backward); 0 = all
 
   c.mesh = ml_collections.ConfigDict()
