@@ -44,6 +44,7 @@ def compiles():
     ({"data.source": "tfds"}, "needs data.name and data.data_dir"),
     ({"data.response_len": (4, 40)}, "data.seq_len is 32"),
     ({"optim.name": "sgd"}, "only 'adamw'"),
+    ({"loss.stop_target": "sometimes"}, "loss.stop_target must be one of"),
 ])
 def test_bad_config_fails_before_compiling(tmp_path, compiles, overrides, message):
   with pytest.raises(ValueError, match=message):

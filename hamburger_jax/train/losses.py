@@ -35,6 +35,9 @@ from hamburger_jax.train.token_stats import kl_to_teacher  # noqa: F401  (re-exp
 from hamburger_jax.train.token_stats import chunked_map, stats_from_logits, vocab_constrained
 
 
+STOP_TARGETS = ("segments", "correct")
+
+
 def target_masks(target_lengths, max_steps: int):
   """-> (token mask [B, M, S]: j < length, stop targets [B, M, S]: j == length - 1)."""
   j = jnp.arange(max_steps)
@@ -42,21 +45,43 @@ def target_masks(target_lengths, max_steps: int):
   return j < lengths, (j == lengths - 1).astype(jnp.float32)
 
 
+def stop_targets_from(target_lengths, correct, stop_target: str = "segments"):
+  """Stop-head targets [B, M, S].
+
+  "segments": stop after the group's last token (j == length - 1), the segmentation alone.
+  "correct": also stop after token j when the micro decoder's teacher-forced prediction of token
+  j + 1 is wrong (`correct` [B, M, S], 1 = argmax equals the target), so the stop head learns
+  where the drafted continuation can be trusted, not only where the base was confident.
+  """
+  if stop_target not in STOP_TARGETS:
+    raise ValueError(f"loss.stop_target must be one of {STOP_TARGETS}, got {stop_target!r}.")
+  mask, at_end = target_masks(target_lengths, correct.shape[-1])
+  if stop_target == "segments":
+    return at_end
+  next_wrong = 1.0 - jnp.pad(correct[..., 1:].astype(jnp.float32), ((0, 0),) * (correct.ndim - 1)
+                             + ((0, 1),))
+  inside = (jnp.arange(correct.shape[-1]) < target_lengths[..., None] - 1) & mask
+  return jnp.maximum(at_end, jax.lax.stop_gradient(next_wrong) * inside)
+
+
 def masked_mean(x, mask):
   mask = mask.astype(jnp.float32)
   return jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
 
-def hamburger_loss(logits, stop_logits, target_tokens, target_lengths, stop_weight: float = 0.5):
+def hamburger_loss(logits, stop_logits, target_tokens, target_lengths, stop_weight: float = 0.5,
+                   stop_target: str = "segments"):
   """CE + stop_weight x stop BCE -> (loss scalar, metrics dict of on-device scalars)."""
   stats = stats_from_logits(logits, target_tokens)
-  return hamburger_loss_from_stats(stats, stop_logits, target_lengths, stop_weight)
+  return hamburger_loss_from_stats(stats, stop_logits, target_lengths, stop_weight, stop_target)
 
 
-def hamburger_loss_from_stats(stats, stop_logits, target_lengths, stop_weight: float = 0.5):
+def hamburger_loss_from_stats(stats, stop_logits, target_lengths, stop_weight: float = 0.5,
+                              stop_target: str = "segments"):
   """`hamburger_loss` from per-token {"ce", "correct"} [B, M, S] (see token_stats)."""
   s = stop_logits.shape[-1]
-  mask, stop_targets = target_masks(target_lengths, s)
+  mask = target_masks(target_lengths, s)[0]
+  stop_targets = stop_targets_from(target_lengths, stats["correct"], stop_target)
   bce = optax.sigmoid_binary_cross_entropy(stop_logits.astype(jnp.float32), stop_targets)
   label_loss = masked_mean(stats["ce"], mask)
   stop_loss = masked_mean(bce, mask)
@@ -71,6 +96,7 @@ def hamburger_loss_from_stats(stats, stop_logits, target_lengths, stop_weight: f
   stop_pred = (stop_logits > 0).astype(jnp.float32)
   metrics["accuracy"] = masked_mean(correct, mask)
   metrics["stop_accuracy"] = masked_mean(stop_pred == stop_targets, mask)
+  metrics["stop_target_rate"] = masked_mean(stop_targets, mask)
   num_groups = jnp.sum(target_lengths > 0)
   metrics["tokens"] = jnp.sum(mask).astype(jnp.float32)
   metrics["tokens_per_group"] = metrics["tokens"] / jnp.maximum(num_groups, 1)
@@ -180,7 +206,8 @@ def hamburger_train_loss(cfg: HamburgerConfig, loss_cfg, plain_len, max_targets,
   stats = chunked_map(functools.partial(micro_stats, cfg, micro_ex, params, t_params),
                       (features, targets, t_hidden), chunk)
   loss, metrics = hamburger_loss_from_stats(stats, stats["stop"], lengths,
-                                            stop_weight=loss_cfg.stop_weight)
+                                            stop_weight=loss_cfg.stop_weight,
+                                            stop_target=loss_cfg.get("stop_target", "segments"))
   if max_targets is not None:
     metrics["targets_dropped"] = (jnp.sum(batch["target_lengths"] > 0)
                                   - jnp.sum(lengths > 0)).astype(jnp.float32)

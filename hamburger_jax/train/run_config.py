@@ -17,6 +17,7 @@ import jax
 from hamburger_jax.model.config import PRESETS, HamburgerConfig
 from hamburger_jax.model.execution import Execution
 from hamburger_jax.train import batches, optim, sharding
+from hamburger_jax.train.losses import STOP_TARGETS
 
 MODES = ("hamburger", "base_lm")
 
@@ -88,6 +89,9 @@ def _validate(config, num_devices: int | None) -> None:
   optim.trainable_keys(config.mode, config.freeze_base)
   model_config(config)
   execution_config(config)
+  if config.loss.get("stop_target", "segments") not in STOP_TARGETS:
+    raise ValueError(f"loss.stop_target must be one of {STOP_TARGETS}, got "
+                     f"{config.loss.stop_target!r}.")
   if config.loss.chunk_size < 0:
     raise ValueError(f"loss.chunk_size must be >= 0 (0 = no chunking), got {config.loss.chunk_size}.")
   shards = sharding.mesh_shape(config.mesh, num_devices or jax.device_count())
