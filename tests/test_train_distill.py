@@ -1,12 +1,15 @@
 """Distillation: the plain sequence rebuilt from a packed batch, and the teacher's logits on it."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from configs import tiny
 from hamburger_jax.train.loop import train_and_evaluate
-from hamburger_jax.train.losses import plain_view, teacher_logits
+from hamburger_jax.model.execution import Execution
+from hamburger_jax.train.losses import hamburger_train_loss, plain_view, teacher_logits
 from hamburger_jax.train.run_config import model_config
 from hamburger_jax.train.setup import Setup
 from hamburger_jax.model.batch import make_batch
@@ -105,3 +108,22 @@ def test_training_with_distillation_keeps_the_teacher_frozen(tmp_path):
                       jax.tree.leaves(state.params["base"])):
     np.testing.assert_array_equal(np.asarray(t), np.asarray(s0))
     assert not np.array_equal(np.asarray(p), np.asarray(s0))
+
+
+def test_kl_on_gathered_target_positions_equals_kl_on_all_positions():
+  c = tiny.get_config()
+  c.loss.kl_weight = 0.5
+  cfg = model_config(c)
+  params = init_params(cfg, jax.random.PRNGKey(0))
+  batch = jax.tree.map(jnp.asarray, _batch())
+  most = int((batch["target_lengths"] > 0).sum(1).max())
+  assert most < batch["target_lengths"].shape[1]          # gathering really drops positions
+
+  def metrics(max_targets):
+    fn = functools.partial(hamburger_train_loss, cfg, c.loss, 48, max_targets, Execution())
+    return jax.jit(fn)(params, batch, None)[1]
+
+  full, gathered = metrics(None), metrics(most)
+  for name in ("kl", "loss", "label_loss", "stop_loss"):
+    np.testing.assert_allclose(gathered[name], full[name], rtol=1e-5, err_msg=name)
+  assert float(full["kl"]) > 0

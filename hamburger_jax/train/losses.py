@@ -29,7 +29,7 @@ import optax
 
 from hamburger_jax.model.config import HamburgerConfig
 from hamburger_jax.model.execution import Execution
-from hamburger_jax.model.hamburger import HamburgerModel
+from hamburger_jax.model.hamburger import HamburgerModel, gather_target_positions
 from hamburger_jax.model.llama import LlamaModel
 from hamburger_jax.train.token_stats import kl_to_teacher  # noqa: F401  (re-exported)
 from hamburger_jax.train.token_stats import chunked_map, stats_from_logits, vocab_constrained
@@ -200,6 +200,10 @@ def hamburger_train_loss(cfg: HamburgerConfig, loss_cfg, plain_len, max_targets,
   if loss_cfg.kl_weight:
     t_params = jax.lax.stop_gradient(params["base"] if teacher is None else teacher)
     t_hidden, valid = teacher_hidden(cfg.base, t_params, batch, plain_len, execution)
+    if max_targets is not None:          # the same K positions as the student's features
+      idx = gather_target_positions(batch, max_targets)
+      t_hidden = jnp.take_along_axis(t_hidden, idx[:, :, None, None], axis=1)
+      valid = jnp.take_along_axis(valid, idx[:, :, None], axis=1)
   # Chunks are rematerialised as a whole: no second, per-layer remat inside them.
   chunk = loss_cfg.chunk_size
   micro_ex = dataclasses.replace(execution, remat="none") if chunk else execution
@@ -212,7 +216,7 @@ def hamburger_train_loss(cfg: HamburgerConfig, loss_cfg, plain_len, max_targets,
     metrics["targets_dropped"] = (jnp.sum(batch["target_lengths"] > 0)
                                   - jnp.sum(lengths > 0)).astype(jnp.float32)
   if loss_cfg.kl_weight:
-    mask = target_masks(batch["target_lengths"], cfg.max_steps)[0] & valid
+    mask = target_masks(lengths, cfg.max_steps)[0] & valid
     metrics["kl"] = masked_mean(stats["kl"], mask)
     loss = loss + loss_cfg.kl_weight * metrics["kl"]
     metrics["loss"] = loss

@@ -110,9 +110,6 @@ def _validate(config, num_devices: int | None) -> None:
     raise ValueError(f"optim.name {config.optim.name!r} is not supported (only 'adamw').")
   if config.mode == "base_lm" and config.loss.kl_weight:
     raise ValueError("loss.kl_weight applies to mode 'hamburger' only.")
-  if config.model.max_targets and config.loss.kl_weight:
-    raise ValueError("model.max_targets and loss.kl_weight cannot be combined (the teacher logits "
-                     "are per macro position): set model.max_targets=0 for distillation.")
   if not 0 <= config.model.max_targets <= config.data.seq_len:
     raise ValueError(f"model.max_targets must be in 0..data.seq_len ({config.data.seq_len}), got "
                      f"{config.model.max_targets}.")
