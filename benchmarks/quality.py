@@ -8,8 +8,10 @@ Speed is measured one prompt at a time by default (single-request latency, as in
 `--batch_size 0` decodes all prompts as one batch, where every macro step pays for the longest
 group of any row.
 
-Held-out prompts come from standard-library functions never used in training (split by function,
-see hamburger_jax/recipes/stdlib_prompts.py). Writes quality.json, quality.md and quality.png.
+Held-out prompts are never used in training: standard-library functions (split by function,
+hamburger_jax/recipes/stdlib_prompts.py) and the broad recipe prompts (split by item,
+hamburger_jax/recipes/broad_prompts.py); `--prompt_set` picks one or both. Code answers are scored
+for parsing and for defining the function the prompt names. Writes quality.json, quality.md and quality.png.
 """
 
 import argparse
@@ -22,16 +24,30 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from hamburger_jax.decode import evaluation  # noqa: E402
 from hamburger_jax.recipes import smollm2  # noqa: E402
+from hamburger_jax.recipes.broad_prompts import broad_prompts  # noqa: E402
 from hamburger_jax.recipes.stdlib_prompts import stdlib_prompts  # noqa: E402
 from hamburger_jax.decode.sampler import Sampler  # noqa: E402
 
 
-def heldout_prompts(n: int):
-  prompts = [p for p in stdlib_prompts() if p["split"] == "heldout"]
-  # Interleave kinds so a small n still has code prompts.
+def heldout_prompts(n: int, prompt_set: str = "both"):
+  """n held-out prompts (never distilled or trained on), kinds interleaved so a small n has all.
+
+  prompt_set: "stdlib" (standard-library functions held out by function), "broad" (the broad
+  recipe prompts held out by item) or "both". Each -> {"prompt", "kind", "code"}.
+  """
   by_kind = {}
-  for p in prompts:
-    by_kind.setdefault(p["kind"], []).append(p)
+  if prompt_set in ("stdlib", "both"):
+    for p in stdlib_prompts():
+      if p["split"] == "heldout":
+        by_kind.setdefault("stdlib:" + p["kind"], []).append(
+            {"prompt": p["prompt"], "kind": p["kind"], "code": p["kind"] == "write"})
+  if prompt_set in ("broad", "both"):
+    for p in broad_prompts():
+      if p["split"] == "heldout":
+        by_kind.setdefault("broad:" + p["kind"], []).append(
+            {"prompt": p["prompt"], "kind": p["kind"], "code": False})
+  if not by_kind:
+    raise ValueError(f"--prompt_set must be stdlib, broad or both, got {prompt_set!r}.")
   out = []
   while len(out) < n and any(by_kind.values()):
     for kind in sorted(by_kind):
@@ -47,6 +63,8 @@ def main(argv=None):
   parser.add_argument("--confidences", default="0.5,0.6,0.7,0.8,0.9,1.0")
   parser.add_argument("--min_token_probs", default="0",
                       help="decode-time trust thresholds swept with every confidence, e.g. 0,0.3,0.5")
+  parser.add_argument("--prompt_set", default="both", choices=["stdlib", "broad", "both"],
+                      help="held-out prompts: standard-library functions, broad recipe prompts, or both")
   parser.add_argument("--asset_dir", default=smollm2.ASSET_DIR)
   parser.add_argument("--out_dir", default="")
   parser.add_argument("--repeats", type=int, default=1)
@@ -58,7 +76,7 @@ def main(argv=None):
 
   t0 = time.time()
   cfg, params, tok, base_cfg = smollm2.load_shipped(args.asset_dir)
-  items = heldout_prompts(args.num_prompts)
+  items = heldout_prompts(args.num_prompts, args.prompt_set)
   prompts = [tok.encode(p["prompt"], chat=True, system=smollm2.SYSTEM_PROMPT) for p in items]
   cache = max(len(p) for p in prompts) + args.max_new_tokens
   kw = dict(cache_length=cache, out_length=args.max_new_tokens, min_prompt_bucket=16)
@@ -68,7 +86,8 @@ def main(argv=None):
   result = evaluation.measure(
       hamburger, base, scorer, prompts, [float(c) for c in args.confidences.split(",")],
       args.max_new_tokens, decode_text=tok.decode,
-      code_prompt=[p["kind"] == "write" for p in items], repeats=args.repeats,
+      code_prompt=[p["code"] for p in items], repeats=args.repeats,
+      required_names=[evaluation.required_name(p["prompt"]) if p["code"] else None for p in items],
       batch_size=args.batch_size or None,
       min_token_probs=[float(m) for m in args.min_token_probs.split(",")])
   result["seconds"] = time.time() - t0

@@ -16,6 +16,16 @@ def test_code_parses():
   assert not evaluation.code_parses("The answer is: def (")
 
 
+def test_required_names():
+  prompt = "Write a Python function `generic_visit(self, node)` that does the following: ..."
+  assert evaluation.required_name(prompt) == "generic_visit"
+  assert evaluation.required_name("Explain the Python keyword `class` to a beginner.") is None
+  assert evaluation.keeps_name("```python\ndef generic_visit(self, node):\n  pass\n```",
+                               "generic_visit")
+  assert not evaluation.keeps_name("def generic_visitor(self, node): pass", "generic_visit")
+  assert not evaluation.keeps_name("def visit(self, node): pass", "generic_visit")
+
+
 def test_agreement():
   assert evaluation.agreement([1, 2, 3], [1, 2, 3]) == (1.0, True)
   frac, exact = evaluation.agreement([1, 2, 4, 5], [1, 2, 3])
@@ -33,8 +43,9 @@ def test_measure_on_tiny_random_model():
   scorer = evaluation.BaseScorer(cfg.base, params["base"])
   result = evaluation.measure(ham, base, scorer, prompts, [0.5, 1.0], max_new_tokens=12,
                               decode_text=lambda ids: " ".join(map(str, ids)),
-                              code_prompt=[True, False])
+                              code_prompt=[True, False], required_names=["f", None])
   rows = {r["confidence"]: r for r in result["rows"]}
+  assert all(r["names_kept"] == 0.0 for r in result["rows"])   # digits never spell "def f("
   assert rows[None]["token_agreement"] == 1.0 and rows[None]["exact_match"] == 1.0
   # Confidence 1.0 never continues a group: every macro step is one token, identical to the base.
   assert rows[1.0]["tokens_per_step"] == 1.0 and rows[1.0]["exact_match"] == 1.0

@@ -3,7 +3,8 @@
 For each confidence (and each min_token_prob, the decode-time trust threshold): tokens per macro step, KV entries per generated token, decode tokens/s
 (ratio to the base), agreement with the base's greedy output (token level and exact match),
 the base model's mean negative log-likelihood of the generated text (HAMburger's vs the base's
-own), and, for code prompts, the fraction of answers whose Python code parses.
+own), and, for code prompts, the fraction of answers whose Python code parses and the fraction
+that define the function the prompt names (`name(...)` in the prompt -> `def name(` in the answer).
 """
 
 from __future__ import annotations
@@ -30,6 +31,17 @@ def code_parses(text: str) -> bool:
     return True
   except (SyntaxError, ValueError):
     return False
+
+
+def required_name(prompt: str) -> str | None:
+  """The function a prompt asks for ("Write ... `generic_visit(self, node)` ..." -> "generic_visit")."""
+  m = re.search(r"`(\w+)\(", prompt)
+  return m.group(1) if m else None
+
+
+def keeps_name(text: str, name: str) -> bool:
+  """True when the answer defines the required function under its own name."""
+  return re.search(rf"\bdef\s+{re.escape(name)}\s*\(", text) is not None
 
 
 def agreement(a: Sequence[int], b: Sequence[int]) -> tuple[float, bool]:
@@ -63,12 +75,14 @@ def measure(hamburger: Sampler, base: Sampler, scorer: BaseScorer, prompts: Sequ
             confidences: Sequence[float], max_new_tokens: int,
             decode_text: Callable[[Sequence[int]], str] | None = None,
             code_prompt: Sequence[bool] | None = None, repeats: int = 1,
-            batch_size: int | None = None, min_token_probs: Sequence[float] = (0.0,)) -> dict:
+            batch_size: int | None = None, min_token_probs: Sequence[float] = (0.0,),
+            required_names: Sequence[str | None] | None = None) -> dict:
   """Runs the base and HAMburger (greedy) on the same prompts -> a dict of rows and summary.
 
   batch_size: prompts decoded together (None = all at once). Speed depends on it: a batch runs
   until its slowest row ends and each macro step runs as many micro steps as its longest group,
   so batch 1 measures single-request latency (the paper's setting). Quality does not depend on it.
+  required_names: per prompt, the function a code answer must define (None = no requirement).
   """
   if batch_size is not None and batch_size < 1:
     raise ValueError(f"batch_size must be >= 1 or None (all prompts at once), got {batch_size}.")
@@ -101,6 +115,9 @@ def measure(hamburger: Sampler, base: Sampler, scorer: BaseScorer, prompts: Sequ
     if decode_text is not None and any(code_prompt):
       texts = [decode_text(t) for t, c in zip(run.tokens, code_prompt) if c]
       out["code_parses"] = float(np.mean([code_parses(t) for t in texts]))
+    named = [(t, n) for t, n in zip(run.tokens, required_names or []) if n]
+    if decode_text is not None and named:
+      out["names_kept"] = float(np.mean([keeps_name(decode_text(t), n) for t, n in named]))
     return out
 
   rows = [{"model": "base", "confidence": None, "min_token_prob": None, "tokens": base_tokens,
@@ -122,7 +139,7 @@ def measure(hamburger: Sampler, base: Sampler, scorer: BaseScorer, prompts: Sequ
 
 def format_table(result: dict) -> str:
   cols = ["model", "confidence", "min_token_prob", "tokens_per_step", "kv_per_token", "tokens_per_s", "speedup",
-          "token_agreement", "exact_match", "base_nll", "code_parses"]
+          "token_agreement", "exact_match", "base_nll", "code_parses", "names_kept"]
   lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
   for row in result["rows"]:
     cells = []
