@@ -142,7 +142,7 @@ def run(a: DecodeArgs, stdout: TextIO | None = None, stderr: TextIO | None = Non
 SHIPPED = "smollm2"   # --ckpt name of the shipped HAMburger-SmolLM2 (hamburger_jax/assets)
 
 
-def _resolve(a: DecodeArgs) -> DecodeArgs:
+def resolve_args(a: DecodeArgs) -> DecodeArgs:
   """Checks that the checkpoint exists; the shipped model implies its chat template and tokenizer."""
   if a.ckpt != SHIPPED:
     if not os.path.exists(a.ckpt):
@@ -154,7 +154,7 @@ def _resolve(a: DecodeArgs) -> DecodeArgs:
                              tokenizer=a.tokenizer or smollm2.cached_tokenizer_dir())
 
 
-def _load(a: DecodeArgs):
+def load_model(a: DecodeArgs):
   """-> (config, params, base_only) from any supported checkpoint."""
   try:
     if a.ckpt == SHIPPED:
@@ -169,7 +169,7 @@ def _load(a: DecodeArgs):
   return cfg, params, a.base or kind == "llama"
 
 
-def _tokenizer(a: DecodeArgs) -> Tokenizer | None:
+def load_tokenizer(a: DecodeArgs) -> Tokenizer | None:
   """The tokenizer of --tokenizer or beside --ckpt (None with --token_ids)."""
   if a.token_ids:
     return None
@@ -279,10 +279,10 @@ def _run(a: DecodeArgs, stdout: TextIO, stderr: TextIO, stdin: TextIO) -> int:
     make_tiny_checkpoint(a.make_tiny_checkpoint, a.seed)
     print(a.make_tiny_checkpoint, file=stdout)
     return 0
-  a = _resolve(a)
+  a = resolve_args(a)
   lines = read_prompt_lines(a, stdin)
-  tokenizer = _tokenizer(a)
-  cfg, params, base_only = _load(a)
+  tokenizer = load_tokenizer(a)
+  cfg, params, base_only = load_model(a)
   prompts = _encode(a, lines, tokenizer)
   sampler, base_sampler, knobs = _samplers(a, cfg, params, base_only, prompts, tokenizer)
   printer = Printer(tokenizer, a.show_groups, a.show_groups and not a.json and stdout.isatty())

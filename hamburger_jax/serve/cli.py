@@ -122,11 +122,11 @@ def warm_up(engine) -> None:
 def build(a: ServeArgs) -> Service:
   """Loads the checkpoint and tokenizer and builds the engine and the Service."""
   check_args(a)
-  dargs = decode_cli._resolve(decode_cli.DecodeArgs(   # pylint: disable=protected-access
+  dargs = decode_cli.resolve_args(decode_cli.DecodeArgs(
       ckpt=a.ckpt, base_config=a.base_config, tokenizer=a.tokenizer, token_ids=a.token_ids,
       system=a.system))
-  tokenizer = decode_cli._tokenizer(dargs)              # pylint: disable=protected-access
-  cfg, params, base_only = decode_cli._load(            # pylint: disable=protected-access
+  tokenizer = decode_cli.load_tokenizer(dargs)
+  cfg, params, base_only = decode_cli.load_model(
       dataclasses.replace(dargs, base=a.base))
   llama = cfg.base if isinstance(cfg, HamburgerConfig) else cfg
   engine = engines.make_engine(
