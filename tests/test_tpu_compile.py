@@ -40,3 +40,26 @@ def test_decode_loop_compiles_for_one_v5e_chip():
   assert report["argument_gib"] >= report["kv_cache_gib"] + report["param_gib"], report
   assert report["alias_gib"] >= report["kv_cache_gib"], report
   assert report["bytes_accessed"] > 0
+
+
+def test_matmul_flops_weight_loop_bodies_by_trip_count():
+  import jax
+  import jax.numpy as jnp
+  from hamburger_jax.train import hlo_flops
+  device = aot.topology_devices("v5e:2x2", 1)[0]
+  spec = jax.sharding.SingleDeviceSharding(device)
+
+  def f(x, w):                     # 6 scanned matmuls [256, 512] x [512, 512], then one more
+    y, _ = jax.lax.scan(lambda h, wi: (jnp.tanh(h @ wi), None), x, w)
+    return y @ w[0]
+
+  args = (jax.ShapeDtypeStruct((256, 512), jnp.bfloat16, sharding=spec),
+          jax.ShapeDtypeStruct((6, 512, 512), jnp.bfloat16, sharding=spec))
+  compiled = jax.jit(f).lower(*args).compile()
+  count = hlo_flops.matmul_flops(compiled.as_text())
+  one = 2 * 256 * 512 * 512
+  assert count["loops"] == [6], count
+  assert count["flops"] == 7 * one, count
+  assert count["flops_once"] == 2 * one, count
+  xla = aot.memory_report(compiled)["flops"]      # XLA's count: the loop body once
+  assert 2 * one <= xla < 3 * one, (xla, count)
