@@ -161,3 +161,19 @@ def test_unknown_names_are_rejected():
     q, k, v, seg = _qkv(t=128)
     from hamburger_jax.model.attention_ops import packed_attention
     packed_attention(q, k, v, seg, "splash")
+
+
+def test_scanned_program_size_is_flat_in_depth_and_taps():
+  """With scan_layers the lowered gradient program holds one base layer body and one micro layer
+  body (compile time flat in depth): as many matmuls for 8 layers / 3 taps / 4 micro layers as
+  for 4 layers / 1 tap / 2 micro layers; the unscanned program grows."""
+  def matmuls(shape, scan):
+    c = _config(chunk=8)
+    c.model.num_layers, c.model.feature_layers, c.model.num_micro_layers = shape
+    loss_fn = make_loss_fn(c, model_config(c), Execution(scan_layers=scan, remat="full"))
+    params = jax.eval_shape(lambda: init_params(model_config(c), jax.random.PRNGKey(0)))
+    grad_fn = jax.jit(jax.grad(lambda p: loss_fn(p, BATCH, None)[0]))
+    return grad_fn.lower(params).as_text().count("dot_general")
+  small, deep = (4, (1,), 2), (8, (1, 3, 5), 4)
+  assert matmuls(small, True) == matmuls(deep, True)
+  assert matmuls(deep, False) > matmuls(small, False)
