@@ -15,7 +15,8 @@ walks the optimized HLO: XLA's own cost analysis counts a loop body once, `xla_c
 their ratio to the model FLOPs (6 N tokens + causal attention, see `model_flops`): the
 rematerialisation overhead. Decode: XLA's bytes accessed by the loop program (while-loop
 bodies counted once: one macro step whose micro-step loop runs once) and the memory-bound time of
-that step, bytes / HBM bandwidth (`step_ms_at_hbm_bw`; v5e 819 GB/s). Needs libtpu (requirements-test.txt).
+that step, bytes / HBM bandwidth (`step_ms_at_hbm_bw`; v5e 819 GB/s); XLA's bytes exceed one
+read of the weights and the KV cache, whose time is the floor (`weights_kv_ms_at_hbm_bw`). Needs libtpu (requirements-test.txt).
 """
 
 from __future__ import annotations
@@ -112,7 +113,9 @@ def decode_rows(entry: str) -> list[dict]:
     rows.append({"kind": "decode", "entry": entry, "model": "base" if base else "hamburger",
                  "batch": int(batch), "slots": int(slots), **report,
                  "step_ms_at_hbm_bw": report.get("bytes_accessed", 0.0)
-                 / (aot.HBM_GBPS[chip] * 1e9) * 1e3})
+                 / (aot.HBM_GBPS[chip] * 1e9) * 1e3,
+                 "weights_kv_ms_at_hbm_bw": (report["param_gib"] + report["kv_cache_gib"])
+                 * aot.GIB / (aot.HBM_GBPS[chip] * 1e9) * 1e3})
   return rows
 
 
