@@ -8,10 +8,15 @@ compiler on this (CPU) host and prints JSON lines plus a table.
 Train entries are `config@topology[:key=value,..]` (a configs/ module; overrides of its fields,
 e.g. `llama3_1b@v5e:2x4:data.batch_size=16,model.remat=save_dots`). Decode entries are
 `size@topology:batch:slots` (one chip of the topology; HAMburger and base decoding both).
-Per chip: XLA's argument / temporary / total bytes against the chip's HBM; per step: XLA's FLOPs
-(summed over chips) and their ratio to the model FLOPs (6 N tokens + causal attention, see
-`model_flops`): the rematerialisation overhead. Decode: XLA's bytes accessed by the loop program
-(while-loop bodies counted once: about one macro step). Needs libtpu (requirements-test.txt).
+Per chip: XLA's argument / temporary / total bytes against the chip's HBM. Per optimizer step:
+the matmul FLOPs of the optimized program summed over chips, every while loop (scanned layers,
+loss chunks, gradient accumulation) weighted by its trip count (`hamburger_jax.train.hlo_flops`
+walks the optimized HLO: XLA's own cost analysis counts a loop body once, `xla_cost_flops`), and
+their ratio to the model FLOPs (6 N tokens + causal attention, see `model_flops`): the
+rematerialisation overhead. Decode: XLA's bytes accessed by the loop program (while-loop
+bodies counted once: one macro step whose micro-step loop runs once) and the memory-bound time of
+that step, bytes / HBM bandwidth (`step_ms_at_hbm_bw`; v5e 819 GB/s); XLA's bytes exceed one
+read of the weights and the KV cache, whose time is the floor (`weights_kv_ms_at_hbm_bw`). Needs libtpu (requirements-test.txt).
 """
 
 from __future__ import annotations
@@ -90,7 +95,8 @@ def train_row(entry: str) -> dict:
          "scan": bool(config.model.scan_layers), **report}
   if report["fits"]:
     row["model_flops"] = model_flops(config)
-    row["xla_flops_total"] = report["flops"] * len(devices)
+    row["xla_cost_flops"] = report["flops"] * len(devices)
+    row["xla_flops_total"] = report["matmul_flops"] * len(devices)
     row["flops_ratio"] = row["xla_flops_total"] / row["model_flops"]
   return row
 
@@ -105,13 +111,17 @@ def decode_rows(entry: str) -> list[dict]:
     report = aot.compile_decode_loop(cfg, device, batch=int(batch), cache_length=int(slots),
                                      base=base)
     rows.append({"kind": "decode", "entry": entry, "model": "base" if base else "hamburger",
-                 "batch": int(batch), "slots": int(slots), **report})
+                 "batch": int(batch), "slots": int(slots), **report,
+                 "step_ms_at_hbm_bw": report.get("bytes_accessed", 0.0)
+                 / (aot.HBM_GBPS[chip] * 1e9) * 1e3,
+                 "weights_kv_ms_at_hbm_bw": (report["param_gib"] + report["kv_cache_gib"])
+                 * aot.GIB / (aot.HBM_GBPS[chip] * 1e9) * 1e3})
   return rows
 
 
 def table(rows) -> str:
   lines = [f"{'what':44s} {'args':>6s} {'temp':>6s} {'total':>6s} {'HBM':>6s} {'free':>5s} "
-           f"{'TFLOP':>7s} {'ratio':>5s} {'GB acc':>7s} {'compile':>7s}"]
+           f"{'TFLOP':>7s} {'ratio':>5s} {'GB acc':>7s} {'ms@bw':>6s} {'compile':>7s}"]
   for r in rows:
     what = (f"train {r['entry']}" if r["kind"] == "train" else
             f"decode {r['model']} {r['entry']}")
@@ -122,7 +132,8 @@ def table(rows) -> str:
         f"{what:44s} {r['argument_gib']:6.2f} {r['temp_gib']:6.2f} {r['total_gib']:6.2f} "
         f"{r['hbm_gib']:6.2f} {100 * r['hbm_free_frac']:4.0f}% "
         f"{r.get('xla_flops_total', r['flops']) / 1e12:7.1f} {r.get('flops_ratio', 0):5.2f} "
-        f"{r['bytes_accessed'] / 1e9:7.2f} {r['compile_s']:6.0f}s")
+        f"{r['bytes_accessed'] / 1e9:7.2f} {r.get('step_ms_at_hbm_bw', 0):6.2f} "
+        f"{r['compile_s']:6.0f}s")
   return "\n".join(lines)
 
 
@@ -130,17 +141,24 @@ def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--train", nargs="*", default=list(DEFAULT_TRAIN))
   p.add_argument("--decode", nargs="*", default=list(DEFAULT_DECODE))
+  p.add_argument("--out", default="", help="also write the rows as JSON here after each entry")
   args = p.parse_args(argv)
   if not aot.libtpu_available():
     sys.exit("tpu_plan needs libtpu: pip install 'libtpu==0.0.42.*'.")
   rows = []
-  for entry in (e for e in args.train if e != "none"):
-    rows.append(train_row(entry))
-    print(json.dumps(rows[-1]), flush=True)
+
+  def add(row):
+    rows.append(row)
+    print(json.dumps(row), flush=True)
+    if args.out:
+      with open(args.out, "w") as f:
+        json.dump(rows, f, indent=1)
+
   for entry in (e for e in args.decode if e != "none"):
     for row in decode_rows(entry):
-      rows.append(row)
-      print(json.dumps(row), flush=True)
+      add(row)
+  for entry in (e for e in args.train if e != "none"):
+    add(train_row(entry))
   print("Machine: this CPU host compiling for abstract TPU chips (libtpu); GiB per chip.")
   print(table(rows))
 

@@ -43,8 +43,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.remat = "full"             # per-layer rematerialisation (base and micro decoder): "none" |
                                      # "full" (keep layer inputs only) | "save_dots" (also matmul
                                      # outputs) | "save_inputs" (also normalised sublayer inputs)
-  c.model.scan_layers = False        # base layers as lax.scan over stacked params (compile time
-                                     # flat in depth); the param layout is unchanged
+  c.model.scan_layers = False        # base and micro-decoder layers as lax.scan over stacked
+                                     # params (compile time flat in depth); same param layout
 
   c.init = ml_collections.ConfigDict()
   c.init.checkpoint = ""        # HF Llama dir | hamburger_jax export | original ckpt; "" = random

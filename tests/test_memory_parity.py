@@ -25,12 +25,15 @@ from hamburger_jax.train.run_config import model_config
 RTOL = 2e-5
 
 
-def _config(chunk=0, mode="hamburger", kl=0.0):
+# (base layers, feature layers, micro layers): the default, and runs of equal length between taps
+# (scanned as one scan of scans) with a two-layer micro decoder.
+SHAPES = {"default": (3, (0,), 1), "equal_runs": (4, (1,), 2)}
+
+
+def _config(chunk=0, mode="hamburger", kl=0.0, shape="default"):
   c = tiny.get_config()
   c.mode = mode
-  c.model.num_layers = 3
-  c.model.feature_layers = (0,)
-  c.model.num_micro_layers = 1
+  c.model.num_layers, c.model.feature_layers, c.model.num_micro_layers = SHAPES[shape]
   c.data.seq_len = 24
   c.loss.chunk_size = chunk
   c.loss.kl_weight = kl
@@ -53,16 +56,16 @@ BATCH = _batch()
 
 
 @functools.lru_cache(maxsize=None)
-def _params(mode):
-  params = init_params(model_config(_config()), jax.random.PRNGKey(0))
+def _params(mode, shape="default"):
+  params = init_params(model_config(_config(shape=shape)), jax.random.PRNGKey(0))
   return params if mode == "hamburger" else {"base": params["base"]}
 
 
-def loss_and_grads(execution=Execution(), chunk=0, mode="hamburger", kl=0.0):
-  c = _config(chunk, mode, kl)
+def loss_and_grads(execution=Execution(), chunk=0, mode="hamburger", kl=0.0, shape="default"):
+  c = _config(chunk, mode, kl, shape)
   loss_fn = make_loss_fn(c, model_config(c), execution)
   grad_fn = jax.jit(jax.value_and_grad(lambda p: loss_fn(p, BATCH, None)[0]))
-  return grad_fn(_params(mode))
+  return grad_fn(_params(mode, shape))
 
 
 def assert_same(got, ref, rtol=RTOL):
@@ -76,8 +79,8 @@ def assert_same(got, ref, rtol=RTOL):
 
 
 @functools.lru_cache(maxsize=None)
-def reference(mode="hamburger", kl=0.0):
-  return loss_and_grads(mode=mode, kl=kl)
+def reference(mode="hamburger", kl=0.0, shape="default"):
+  return loss_and_grads(mode=mode, kl=kl, shape=shape)
 
 
 def _qkv(b=2, t=37, n=4, kh=2, h=8, seed=0):
@@ -141,6 +144,14 @@ def test_scan_layers_same_loss_and_grads():
   assert_same(loss_and_grads(ex, chunk=8), reference())
 
 
+def test_scan_of_scans_same_loss_and_grads():
+  """Runs of equal length (layers 0-1 | 2-3) and a scanned two-layer micro decoder."""
+  ex = Execution(scan_layers=True, remat="full")
+  assert_same(loss_and_grads(ex, chunk=8, shape="equal_runs"), reference(shape="equal_runs"))
+  assert_same(loss_and_grads(Execution(scan_layers=True), shape="equal_runs"),
+              reference(shape="equal_runs"))
+
+
 def test_unknown_names_are_rejected():
   with pytest.raises(ValueError, match="remat policy 'some'"):
     Execution(remat="some")
@@ -150,3 +161,19 @@ def test_unknown_names_are_rejected():
     q, k, v, seg = _qkv(t=128)
     from hamburger_jax.model.attention_ops import packed_attention
     packed_attention(q, k, v, seg, "splash")
+
+
+def test_scanned_program_size_is_flat_in_depth_and_taps():
+  """With scan_layers the lowered gradient program holds one base layer body and one micro layer
+  body (compile time flat in depth): as many matmuls for 8 layers / 3 taps / 4 micro layers as
+  for 4 layers / 1 tap / 2 micro layers; the unscanned program grows."""
+  def matmuls(shape, scan):
+    c = _config(chunk=8)
+    c.model.num_layers, c.model.feature_layers, c.model.num_micro_layers = shape
+    loss_fn = make_loss_fn(c, model_config(c), Execution(scan_layers=scan, remat="full"))
+    params = jax.eval_shape(lambda: init_params(model_config(c), jax.random.PRNGKey(0)))
+    grad_fn = jax.jit(jax.grad(lambda p: loss_fn(p, BATCH, None)[0]))
+    return grad_fn.lower(params).as_text().count("dot_general")
+  small, deep = (4, (1,), 2), (8, (1, 3, 5), 4)
+  assert matmuls(small, True) == matmuls(deep, True)
+  assert matmuls(deep, False) > matmuls(small, False)

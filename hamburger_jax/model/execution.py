@@ -20,9 +20,10 @@ remat (each base and micro-decoder layer, `jax.checkpoint` policies):
                (`dots_with_no_batch_dims_saveable`, MaxText's "minimal").
   save_inputs  keep the layer input and the normalised inputs of its attention and MLP
                (named `sublayer_input`); recompute everything else.
-scan_layers: run the base layers between feature taps as `lax.scan`s over stacked copies of their
-  parameters (one compiled layer body per segment: compile time flat in depth). The parameter
-  layout stays `layers_{i}`, so checkpoints, exports and decoding are the same either way.
+scan_layers: run the base layers as `lax.scan`s over stacked copies of their parameters (runs of
+  equal length between feature taps: one scan of scans, ONE compiled layer body) and the micro
+  decoder's teacher-forced layers as one scan: compile time flat in depth. The parameter layout
+  stays `layers_{i}`, so checkpoints, exports and decoding are the same either way.
 """
 
 from __future__ import annotations

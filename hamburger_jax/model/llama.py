@@ -78,12 +78,20 @@ def scan_segments(num_layers: int, tap_layers: Sequence[int]) -> list[tuple[int,
   return list(zip([0] + ends[:-1], ends))
 
 
+def _stack(layer_params, lo: int, hi: int):
+  """Per-layer params `layers_{lo..hi-1}` stacked along a new leading axis."""
+  return jax.tree.map(lambda *xs: jnp.stack(xs), *[layer_params[f"layers_{i}"]
+                                                   for i in range(lo, hi)])
+
+
 def scan_layers(cfg: LlamaConfig, execution: Execution, layer_params, x, positions, segment_ids,
-                tap_layers: Sequence[int] = ()):
+                tap_layers: Sequence[int] = (), num_layers: int | None = None):
   """The uncached forward as `lax.scan`s over stacked per-layer params -> (x, taps).
 
-  layer_params: {"layers_0": .., ..} (the usual layout); each run of layers between taps is
-  stacked once and scanned with one compiled (and, with a remat policy, checkpointed) body.
+  layer_params: {"layers_0": .., ..} (the usual layout). When the runs of layers between taps
+  have one length (every preset), they are stacked [runs, run length, ..] and scanned by a scan
+  of scans, so the program holds ONE layer body (and one backward): compile time flat in depth
+  and in the number of taps. Otherwise each run is stacked and scanned on its own.
   """
   layer = DecoderLayer(cfg, execution, parent=None)
 
@@ -92,12 +100,18 @@ def scan_layers(cfg: LlamaConfig, execution: Execution, layer_params, x, positio
 
   if execution.remat != "none":
     body = jax.checkpoint(body, policy=remat_policy(execution.remat), prevent_cse=False)
-  taps = []
-  for lo, hi in scan_segments(cfg.num_layers, tap_layers):
+  segments = scan_segments(num_layers or cfg.num_layers, tap_layers)
+  tapped = [hi - 1 in tap_layers for _, hi in segments]
+  if len({hi - lo for lo, hi in segments}) == 1:
     stacked = jax.tree.map(lambda *xs: jnp.stack(xs),
-                           *[layer_params[f"layers_{i}"] for i in range(lo, hi)])
-    x, _ = jax.lax.scan(body, x, stacked)
-    if hi - 1 in tap_layers:
+                           *[_stack(layer_params, lo, hi) for lo, hi in segments])
+    run = lambda x, p: (lambda y: (y, y))(jax.lax.scan(body, x, p)[0])
+    x, ends = jax.lax.scan(run, x, stacked)
+    return x, [ends[i] for i, t in enumerate(tapped) if t]
+  taps = []
+  for (lo, hi), t in zip(segments, tapped):
+    x, _ = jax.lax.scan(body, x, _stack(layer_params, lo, hi))
+    if t:
       taps.append(x)
   return x, taps
 

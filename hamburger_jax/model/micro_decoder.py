@@ -16,7 +16,7 @@ from hamburger_jax.model.attention import init_cache
 from hamburger_jax.model.config import HamburgerConfig
 from hamburger_jax.model.execution import Execution
 from hamburger_jax.model.layers import dense
-from hamburger_jax.model.llama import make_layers, run_layers
+from hamburger_jax.model.llama import make_layers, run_layers, scan_layers
 
 
 class StopHead(nn.Module):
@@ -55,7 +55,11 @@ class MicroStepDecoder(nn.Module):
     x = jnp.concatenate([features, token_embeds.astype(features.dtype)], axis=1)
     length = x.shape[1]
     positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (n, length))
-    h, _, _ = run_layers(self.layers, x, positions, None, None, None)
+    if self.execution.scan_layers and not self.is_initializing():   # one compiled layer body
+      h, _ = scan_layers(self.cfg.base, self.execution, self.variables["params"], x, positions,
+                         None, num_layers=self.cfg.num_micro_layers)
+    else:
+      h, _, _ = run_layers(self.layers, x, positions, None, None, None)
     return jnp.concatenate([features[:, f - 1:f], h[:, f:]], axis=1)
 
   def prefill(self, features):

@@ -18,11 +18,12 @@ import jax
 import jax.numpy as jnp
 
 from hamburger_jax.model.batch import BATCH_FIELDS
-from hamburger_jax.train import sharding
+from hamburger_jax.train import hlo_flops, sharding
 
 GIB = 1024 ** 3
 HBM_GIB = {"v4": 32.0, "v5e": 15.75, "v5p": 95.0, "v6e": 31.25}   # usable per chip
 PEAK_TFLOPS = {"v4": 275.0, "v5e": 197.0, "v5p": 459.0, "v6e": 918.0}
+HBM_GBPS = {"v4": 1200.0, "v5e": 819.0, "v5p": 2765.0, "v6e": 1640.0}   # bandwidth per chip
 _ACCELERATOR = {"v4": "v4-8", "v5e": "v5litepod-8", "v5p": "v5p-8", "v6e": "v6e-8"}
 _KINDS = {"TPU v4": "v4", "TPU v5 lite": "v5e", "TPU v5": "v5p", "TPU v6 lite": "v6e"}
 
@@ -61,7 +62,8 @@ def abstract_batch(config, cfg, rows: int, mesh) -> dict:
 
 
 def memory_report(compiled, hbm_gib: float | None = None) -> dict:
-  """Per-chip bytes of XLA's memory plan (GiB) and its cost analysis (FLOPs, bytes accessed)."""
+  """Per-chip bytes of XLA's memory plan (GiB), its cost analysis (FLOPs, bytes accessed) and
+  the matmul FLOPs of one run with loops weighted by their trips (`hlo_flops`)."""
   mem = compiled.memory_analysis()
   gib = lambda n: n / GIB
   out = {"argument_gib": gib(mem.argument_size_in_bytes),
@@ -73,8 +75,10 @@ def memory_report(compiled, hbm_gib: float | None = None) -> dict:
                       + out["temp_gib"] + out["code_gib"])
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  out["flops"] = float(cost.get("flops", 0.0))
+  out["flops"] = float(cost.get("flops", 0.0))        # XLA's count: loop bodies counted once
   out["bytes_accessed"] = float(cost.get("bytes accessed", 0.0))
+  count = hlo_flops.matmul_flops(compiled.as_text())   # loop bodies x their trip counts
+  out["matmul_flops"], out["loop_trips"] = count["flops"], count["loops"]
   if hbm_gib:
     out["hbm_gib"] = hbm_gib
     out["hbm_free_frac"] = 1.0 - out["total_gib"] / hbm_gib
@@ -83,7 +87,7 @@ def memory_report(compiled, hbm_gib: float | None = None) -> dict:
 
 def _compile(lowered_fn, hbm_gib):
   """Runs lower+compile -> report dict (fits=False with XLA's message when HBM is exceeded)."""
-  t0 = time.perf_counter()
+  t0, c0 = time.perf_counter(), time.process_time()
   try:
     compiled = lowered_fn().compile()
   except Exception as e:   # XLA reports out-of-memory as a runtime error at compile time
@@ -94,7 +98,8 @@ def _compile(lowered_fn, hbm_gib):
     return {"fits": False, "compile_s": time.perf_counter() - t0, "error": msg.splitlines()[0],
             "temp_gib": float(needed.group(1)) if needed else None, "hbm_gib": hbm_gib}
   report = memory_report(compiled, hbm_gib)
-  report.update(fits=report["total_gib"] <= hbm_gib, compile_s=time.perf_counter() - t0)
+  report.update(fits=report["total_gib"] <= hbm_gib, compile_s=time.perf_counter() - t0,
+                compile_cpu_s=time.process_time() - c0)   # all threads: less load-dependent
   return report
 
 
