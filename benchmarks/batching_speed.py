@@ -36,7 +36,6 @@ from hamburger_jax.decode.models import decode_model  # noqa: E402
 from hamburger_jax.decode.sampler import Sampler  # noqa: E402
 from hamburger_jax.model.attention import init_cache  # noqa: E402
 from hamburger_jax.recipes import smollm2  # noqa: E402
-from hamburger_jax.text.gguf_tokenizer import apply_chatml  # noqa: E402
 from quality import heldout_prompts  # noqa: E402
 
 
@@ -166,8 +165,7 @@ def main(argv=None):
   cfg, params, tok, base_cfg = smollm2.load_shipped()
   params = jax.device_put(params)          # one copy, shared by every sampler and batcher
   items = heldout_prompts(max(args.num_prompts, args.batch1_prompts))
-  all_prompts = [tok.encode(apply_chatml(p["prompt"], default_system=smollm2.SYSTEM_PROMPT),
-                            add_special_tokens=False).ids for p in items]
+  all_prompts = [tok.encode(p["prompt"], chat=True, system=smollm2.SYSTEM_PROMPT) for p in items]
   scorer = evaluation.BaseScorer(base_cfg, params["base"])
   cache = max(len(p) for p in all_prompts) + args.max_new_tokens + 1
   result = {

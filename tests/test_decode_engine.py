@@ -212,3 +212,12 @@ def test_bad_input_is_rejected_before_compiling(prompts, knobs, message):
   knobs = {"max_new_tokens": 4, **knobs}
   with pytest.raises(DecodeInputError, match=message):
     small_sampler(0).decode(prompts, **knobs)
+
+
+def test_the_loop_updates_its_state_in_place():
+  """The state (KV buffers included) is donated on every backend: no copy per loop call."""
+  sampler = small_sampler(0)
+  state, _ = sampler.start([PROMPTS[0]], max_new_tokens=4)
+  out = sampler.run(state)
+  assert state.cache[0]["k"].is_deleted() and not out.cache[0]["k"].is_deleted()
+  assert int(out.num_out[0]) == 4

@@ -115,9 +115,11 @@ class ContinuousBatcher:
     self.num_slots, self.chunk_steps = num_slots, chunk_steps
     self.min_prompt_bucket = min_prompt_bucket
     self.max_prompt_len = cache_length
-    donate = {"admit": (2,), "chunk": (2,)} if jax.default_backend() != "cpu" else {}
+    # The state is donated: admitting a row or running a chunk updates the KV buffers in place
+    # (a copy of every slot's buffers per call otherwise, on CPU too).
     self.executables = lp.Executables(self.engine, {"admit": slots.admit,
-                                                    "chunk": slots.run_chunk}, donate)
+                                                    "chunk": slots.run_chunk},
+                                      {"admit": (2,), "chunk": (2,)})
     self.state = slots.empty_state(self.engine, num_slots, parse_policy(micro_policy))
     self._slots: list[_Running | None] = [None] * num_slots
     self._queue: collections.deque[tuple[int, Request]] = collections.deque()

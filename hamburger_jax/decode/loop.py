@@ -148,12 +148,14 @@ def _decode_group(engine: DecodeEngine, params, features, st: ds.DecodeState, ke
 
 def _macro_step(engine: DecodeEngine, params, st: ds.DecodeState) -> ds.DecodeState:
   """Feed the pending group, decode the next group, write it, update per-row bookkeeping."""
+  active = ~st.done
+  # Finished and free rows write at slot 0 of their own (dead) buffer row, so the attention
+  # reads only the KV blocks the running rows fill.
   features, cache = engine.model.forward(params, st.group_tokens[:, None],
                                          st.group_len[:, None], st.position[:, None], st.cache,
-                                         st.slot)
+                                         jnp.where(active, st.slot, 0))
   keys = jax.vmap(jax.random.fold_in)(st.rng, st.macro_steps)    # row-local: slot-independent
   g = _decode_group(engine, params, features[:, 0], st, keys)
-  active = ~st.done
   glen = jnp.where(active, g.length, 0)
   group_ids = jnp.broadcast_to(st.macro_steps[:, None], g.tokens.shape)
   write = lambda buf, values: ds.masked_set(buf, st.num_out - st.out_start, values, glen)

@@ -37,12 +37,12 @@ class Sampler:
   cache_length (L) and out_length (N, default L) are the static buffer sizes; eos_ids defaults
   to the config's (a decode call may pass its own). Batch rows and the prefill length are padded
   to power-of-two buckets (prefill at least `min_prompt_bucket`, at most L). Compiled functions
-  are kept per sampler. On accelerators the loop donates its state (KV buffers updated in place).
+  are kept per sampler. The loop donates its state (KV buffers updated in place, not copied).
   """
 
   def __init__(self, cfg, params, *, base: bool = False, cache_length: int = 1024,
                out_length: int | None = None, eos_ids: Sequence[int] | None = None,
-               min_prompt_bucket: int = 16, donate: bool | None = None):
+               min_prompt_bucket: int = 16, donate: bool = True):
     model, params = decode_model(cfg, params, base)
     if cache_length < 1:
       raise DecodeInputError(f"cache_length must be >= 1, got {cache_length}.")
@@ -51,7 +51,6 @@ class Sampler:
     self.eos_ids = llama.eos_token_ids if eos_ids is None else tuple(int(e) for e in eos_ids)
     self.params = jax.device_put(params)
     self.min_prompt_bucket = min_prompt_bucket
-    donate = jax.default_backend() != "cpu" if donate is None else donate
     self.executables = lp.Executables(
         self.engine, {"prefill": lp.prefill, "loop": lp.loop, "forward": lp.one_forward},
         {"loop": (2,)} if donate else {})

@@ -117,13 +117,14 @@ def init_state(cache, last_tokens, prompt_lengths, done, rng, knobs: DecodeKnobs
   """The state right after prefill. last_tokens [B]: each prompt's last token; lengths [B];
   rng [B, 2]: one key per row."""
   b = last_tokens.shape[0]
-  zeros = jnp.zeros((b, out_length), jnp.int32)
-  fzeros = jnp.zeros((b, out_length), jnp.float32)
+  # A fresh buffer per field: the state is donated, and a buffer may be donated only once.
+  zeros = lambda: jnp.zeros((b, out_length), jnp.int32)
+  fzeros = lambda: jnp.zeros((b, out_length), jnp.float32)
   group = jnp.zeros((b, max_steps), jnp.int32).at[:, 0].set(last_tokens)
   return DecodeState(
       cache=cache, slot=prompt_lengths - 1, position=prompt_lengths - 1, group_tokens=group,
-      group_len=jnp.ones((b,), jnp.int32), out_tokens=zeros, out_group=zeros, out_logprob=fzeros,
-      out_logit=fzeros, out_stop=fzeros, num_out=jnp.zeros((b,), jnp.int32),
+      group_len=jnp.ones((b,), jnp.int32), out_tokens=zeros(), out_group=zeros(),
+      out_logprob=fzeros(), out_logit=fzeros(), out_stop=fzeros(), num_out=jnp.zeros((b,), jnp.int32),
       macro_steps=jnp.zeros((b,), jnp.int32), done=done,
       finish=jnp.where(done, PADDING, RUNNING).astype(jnp.int32), rng=rng,
       iteration=jnp.zeros((), jnp.int32), out_start=jnp.zeros((b,), jnp.int32), knobs=knobs,

@@ -14,9 +14,10 @@ import jax
 import jax.numpy as jnp
 
 from hamburger_jax.model import partitioning as pt
-from hamburger_jax.model.attention_ops import packed_attention, xla_attention
+from hamburger_jax.model.attention_ops import packed_attention
 from hamburger_jax.model.config import LlamaConfig
 from hamburger_jax.model.execution import Execution
+from hamburger_jax.model.kv_attention import cached_attention
 from hamburger_jax.model.layers import apply_rope, dense, rope_inv_freq
 
 LayerCache = dict[str, jax.Array]
@@ -32,12 +33,6 @@ def init_layer_cache(cfg: LlamaConfig, batch: int, length: int, dtype=None) -> L
 def init_cache(cfg: LlamaConfig, num_layers: int, batch: int, length: int, dtype=None):
   """A list of `num_layers` zero layer caches."""
   return [init_layer_cache(cfg, batch, length, dtype) for _ in range(num_layers)]
-
-
-def cache_mask(cache_slots, query_len: int, cache_len: int):
-  """[B] first slots -> [B, T, L] mask: query t of row b sees slots <= cache_slots[b] + t."""
-  query_slot = cache_slots[:, None] + jnp.arange(query_len)[None, :]  # [B, T]
-  return jnp.arange(cache_len)[None, None, :] <= query_slot[:, :, None]
 
 
 def write_cache(buf, new, cache_slots):
@@ -60,7 +55,8 @@ class Attention(nn.Module):
 
     Without a cache: causal attention within equal `segment_ids` [B, T] (packed rows), by the
     execution's attention implementation. With a cache, the new keys and values are written at
-    `cache_slots` [B] and each query sees the buffer's slots up to its own (XLA attention).
+    `cache_slots` [B] and each query sees the buffer's slots up to its own (`cached_attention`:
+    only the key blocks up to the highest such slot are read).
     Returns (out [B, T, D], new cache).
     """
     c, ex = self.cfg, self.execution
@@ -80,7 +76,7 @@ class Attention(nn.Module):
       cache = {"k": write_cache(cache["k"], k, cache_slots),
                "v": write_cache(cache["v"], v, cache_slots)}
       k, v = cache["k"].astype(q.dtype), cache["v"].astype(q.dtype)
-      out = xla_attention(q, k, v, cache_mask(cache_slots, t, k.shape[1]))
+      out = cached_attention(q, k, v, cache_slots)
     else:
       if segment_ids is None:
         segment_ids = jnp.ones((b, t), jnp.int32)

@@ -6,7 +6,8 @@
 Every choice gives the same function (up to float rounding); the default (`Execution()`) is the
 plain path: XLA attention, nothing rematerialised, layers unrolled.
 
-attention (packed rows without a KV cache; cached decoding always uses XLA attention):
+attention (packed rows without a KV cache; cached decoding uses
+  `kv_attention.cached_attention`):
   xla        scores [B, K, G, T, T] in float32, then softmax (small T, CPU tests, decoding).
   blockwise  online softmax over key blocks with a recomputing backward (flash attention in plain
              JAX): never holds a [T, T] tensor; runs on every backend.

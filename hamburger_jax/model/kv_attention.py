@@ -1,0 +1,58 @@
+"""Attention of new queries over a fixed-shape KV buffer, visiting only the key blocks in use.
+
+    out = cached_attention(q [B, T, N, H], k [B, L, K, H], v [B, L, K, H], cache_slots [B])
+
+Query t of row b sees the buffer's slots <= cache_slots[b] + t. The keys are read in blocks of
+`block` slots by a loop whose trip count is traced: blocks up to the highest slot any query sees,
+so a decode step costs what the filled part of the buffer costs, not its length L (one compile
+for every fill level). Online softmax in float32 across blocks; a block a row sees none of adds
+exactly zero to that row, so a row's numbers do not depend on the other rows' fill levels.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+NEG_INF = -1e30
+KV_BLOCK = 64    # slots per key block (on a shared 2-core CPU 64 and 128 cost about the same)
+
+
+def _block_update(carry, qg, kj, vj, visible):
+  """One key block: qg [B, T, K, G, H], kj/vj [B, blk, K, H], visible [B, T, blk]."""
+  m, l, acc = carry
+  s = jnp.einsum("btkgh,blkh->btkgl", qg, kj, preferred_element_type=jnp.float32)
+  s = s / jnp.sqrt(jnp.float32(qg.shape[-1]))
+  mask = visible[:, :, None, None]
+  m_new = jnp.maximum(m, jnp.max(jnp.where(mask, s, NEG_INF), axis=-1))
+  p = jnp.where(mask, jnp.exp(s - m_new[..., None]), 0.0)
+  corr = jnp.exp(m - m_new)
+  pv = jnp.einsum("btkgl,blkh->btkgh", p.astype(vj.dtype), vj, preferred_element_type=jnp.float32)
+  return m_new, l * corr + jnp.sum(p, axis=-1), acc * corr[..., None] + pv
+
+
+def cached_attention(q, k, v, cache_slots, block: int = KV_BLOCK):
+  """-> [B, T, N, H]; see the module docstring."""
+  b, t, n, h = q.shape
+  length, kv_heads = k.shape[1], k.shape[2]
+  block = min(block, length)
+  qg = q.reshape(b, t, kv_heads, n // kv_heads, h)
+  query_slot = cache_slots[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]        # [B, T]
+  num_blocks = jnp.clip(jnp.max(query_slot) // block + 1, 1, -(-length // block))
+
+  def body(j, carry):
+    # The last block is shifted back to end at L; slots an earlier block covered are masked.
+    start = jnp.minimum(j * block, length - block)
+    idx = start + jnp.arange(block, dtype=jnp.int32)
+    visible = (idx[None, None, :] <= query_slot[:, :, None]) & (idx >= j * block)[None, None, :]
+    kj = jax.lax.dynamic_slice_in_dim(k, start, block, axis=1)
+    vj = jax.lax.dynamic_slice_in_dim(v, start, block, axis=1)
+    return _block_update(carry, qg, kj, vj, visible)
+
+  stats = qg.shape[:4]
+  init = (jnp.full(stats, NEG_INF, jnp.float32), jnp.zeros(stats, jnp.float32),
+          jnp.zeros(qg.shape, jnp.float32))
+  _, l, acc = jax.lax.fori_loop(0, num_blocks, body, init)
+  # Slot 0 is visible to every query, so l > 0 (the guard only keeps stray rows finite).
+  out = acc / jnp.maximum(l, jnp.finfo(jnp.float32).tiny)[..., None]
+  return out.reshape(b, t, n, h).astype(q.dtype)
