@@ -154,7 +154,7 @@ def resolve_args(a: DecodeArgs) -> DecodeArgs:
                              tokenizer=a.tokenizer or smollm2.cached_tokenizer_dir())
 
 
-def load_model(a: DecodeArgs):
+def load_checkpoint(a: DecodeArgs):
   """-> (config, params, base_only) from any supported checkpoint."""
   try:
     if a.ckpt == SHIPPED:
@@ -282,7 +282,7 @@ def _run(a: DecodeArgs, stdout: TextIO, stderr: TextIO, stdin: TextIO) -> int:
   a = resolve_args(a)
   lines = read_prompt_lines(a, stdin)
   tokenizer = load_tokenizer(a)
-  cfg, params, base_only = load_model(a)
+  cfg, params, base_only = load_checkpoint(a)
   prompts = _encode(a, lines, tokenizer)
   sampler, base_sampler, knobs = _samplers(a, cfg, params, base_only, prompts, tokenizer)
   printer = Printer(tokenizer, a.show_groups, a.show_groups and not a.json and stdout.isatty())

@@ -126,7 +126,7 @@ def build(a: ServeArgs) -> Service:
       ckpt=a.ckpt, base_config=a.base_config, tokenizer=a.tokenizer, token_ids=a.token_ids,
       system=a.system))
   tokenizer = decode_cli.load_tokenizer(dargs)
-  cfg, params, base_only = decode_cli.load_model(
+  cfg, params, base_only = decode_cli.load_checkpoint(
       dataclasses.replace(dargs, base=a.base))
   llama = cfg.base if isinstance(cfg, HamburgerConfig) else cfg
   engine = engines.make_engine(
