@@ -20,6 +20,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import tempfile
 import time
 
 from hamburger_jax.text.gguf_tokenizer import SMOLLM2_SYSTEM_PROMPT as SYSTEM_PROMPT
@@ -66,7 +67,11 @@ def write_tokenizer(directory: str) -> str:
   path = os.path.join(directory, "tokenizer.json")
   if not os.path.isfile(path):
     tok, info = load_gguf_tokenizer(gguf_path())
-    save_tokenizer(tok, info, directory)
+    # Written aside and moved into place: a concurrent reader never sees a partial file.
+    with tempfile.TemporaryDirectory(dir=directory) as tmp:
+      save_tokenizer(tok, info, tmp)
+      for name in sorted(os.listdir(tmp), key=lambda n: n == "tokenizer.json"):
+        os.replace(os.path.join(tmp, name), os.path.join(directory, name))
   return path
 
 
