@@ -65,6 +65,9 @@ def main(argv=None):
                       help="decode-time trust thresholds swept with every confidence, e.g. 0,0.3,0.5")
   parser.add_argument("--prompt_set", default="both", choices=["stdlib", "broad", "both"],
                       help="held-out prompts: standard-library functions, broad recipe prompts, or both")
+  parser.add_argument("--paired", type=int, default=1,
+                      help="1: time the base again beside every setting, prompt by prompt "
+                           "interleaved (speed-ups robust to a changing load); 0: once")
   parser.add_argument("--asset_dir", default=smollm2.ASSET_DIR)
   parser.add_argument("--out_dir", default="")
   parser.add_argument("--repeats", type=int, default=1)
@@ -88,6 +91,7 @@ def main(argv=None):
       args.max_new_tokens, decode_text=tok.decode,
       code_prompt=[p["code"] for p in items], repeats=args.repeats,
       required_names=[evaluation.required_name(p["prompt"]) if p["code"] else None for p in items],
+      paired=bool(args.paired),
       batch_size=args.batch_size or None,
       min_token_probs=[float(m) for m in args.min_token_probs.split(",")])
   result["seconds"] = time.time() - t0

@@ -64,7 +64,10 @@ def test_measure_batch_size_changes_speed_not_quality():
   ham, base = Sampler(cfg, params, **kw), Sampler(cfg, params, base=True, **kw)
   scorer = evaluation.BaseScorer(cfg.base, params["base"])
   runs = {b: evaluation.measure(ham, base, scorer, prompts, [0.5], max_new_tokens=10,
-                                batch_size=b) for b in (1, None)}
+                                batch_size=b, paired=b == 1) for b in (1, None)}
+  paired = runs[1]["rows"][1]
+  np.testing.assert_allclose(paired["speedup"],
+                             paired["tokens_per_s"] / paired["base_tokens_per_s"])
   assert runs[1]["batch_size"] == 1 and runs[None]["batch_size"] == 3
   for key in ("tokens", "tokens_per_step", "kv_per_token", "token_agreement", "base_nll"):
     np.testing.assert_allclose([r[key] for r in runs[1]["rows"]],

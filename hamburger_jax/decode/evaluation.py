@@ -76,33 +76,39 @@ def measure(hamburger: Sampler, base: Sampler, scorer: BaseScorer, prompts: Sequ
             decode_text: Callable[[Sequence[int]], str] | None = None,
             code_prompt: Sequence[bool] | None = None, repeats: int = 1,
             batch_size: int | None = None, min_token_probs: Sequence[float] = (0.0,),
-            required_names: Sequence[str | None] | None = None) -> dict:
+            required_names: Sequence[str | None] | None = None, paired: bool = False) -> dict:
   """Runs the base and HAMburger (greedy) on the same prompts -> a dict of rows and summary.
 
   batch_size: prompts decoded together (None = all at once). Speed depends on it: a batch runs
   until its slowest row ends and each macro step runs as many micro steps as its longest group,
   so batch 1 measures single-request latency (the paper's setting). Quality does not depend on it.
   required_names: per prompt, the function a code answer must define (None = no requirement).
+  paired: time the base again beside every HAMburger setting, chunk by chunk interleaved, and
+  take each speed-up from that pair (robust to a machine whose load changes during the run).
   """
   if batch_size is not None and batch_size < 1:
     raise ValueError(f"batch_size must be >= 1 or None (all prompts at once), got {batch_size}.")
   size = batch_size or len(prompts)
   chunks = [list(prompts[i:i + size]) for i in range(0, len(prompts), size)]
 
-  def run_all(sampler, n, **kw) -> _Run:
-    runs = [sampler.decode(c, max_new_tokens=n, **kw) for c in chunks]
-    return _Run([t for r in runs for t in r.tokens], [m for r in runs for m in r.macro_steps],
-                sum(r.decode_s for r in runs))
+  def run_all(pairs, n) -> list[_Run]:
+    """Decodes every chunk with each (sampler, knobs) in turn: chunk by chunk, interleaved."""
+    runs = [[] for _ in pairs]
+    for c in chunks:
+      for out, (sampler, kw) in zip(runs, pairs):
+        out.append(sampler.decode(c, max_new_tokens=n, **kw))
+    return [_Run([t for r in rs for t in r.tokens], [m for r in rs for m in r.macro_steps],
+                 sum(r.decode_s for r in rs)) for rs in runs]
 
-  def timed(sampler, **kw):
-    run_all(sampler, 1, **kw)            # compile every bucket (max_new_tokens is traced)
-    best = None
+  def timed(*pairs) -> list[_Run]:
+    run_all(pairs, 1)                    # compile every bucket (max_new_tokens is traced)
+    best = [None] * len(pairs)
     for _ in range(repeats):
-      r = run_all(sampler, max_new_tokens, **kw)
-      best = r if best is None or r.decode_s < best.decode_s else best
+      best = [r if b is None or r.decode_s < b.decode_s else b
+              for r, b in zip(run_all(pairs, max_new_tokens), best)]
     return best
 
-  base_run = timed(base)
+  (base_run,) = timed((base, {}))
   base_tokens = sum(len(t) for t in base_run.tokens)
   base_tps = base_tokens / base_run.decode_s
   code_prompt = code_prompt or [False] * len(prompts)
@@ -124,14 +130,20 @@ def measure(hamburger: Sampler, base: Sampler, scorer: BaseScorer, prompts: Sequ
            "tokens_per_step": 1.0, "kv_per_token": 1.0, "tokens_per_s": base_tps,
            "speedup": 1.0, **quality(base_run)}]
   for conf, trust in ((c, m) for m in min_token_probs for c in confidences):
-    run = timed(hamburger, confidence=conf, min_token_prob=trust)
+    knobs = dict(confidence=conf, min_token_prob=trust)
+    if paired:
+      run, again = timed((hamburger, knobs), (base, {}))
+      ref_tps = base_tokens / again.decode_s
+    else:
+      (run,), ref_tps = timed((hamburger, knobs)), base_tps
     tokens = sum(len(t) for t in run.tokens)
     steps = sum(run.macro_steps)
     tps = tokens / run.decode_s
     rows.append({"model": "hamburger", "confidence": conf, "min_token_prob": trust,
                  "tokens": tokens,
                  "tokens_per_step": tokens / max(steps, 1), "kv_per_token": steps / max(tokens, 1),
-                 "tokens_per_s": tps, "speedup": tps / base_tps, **quality(run)})
+                 "tokens_per_s": tps, "base_tokens_per_s": ref_tps, "speedup": tps / ref_tps,
+                 **quality(run)})
   return {"prompts": len(prompts), "max_new_tokens": max_new_tokens, "batch_size": size,
           "rows": rows,
           "device": jax.devices()[0].device_kind, "backend": jax.default_backend()}
