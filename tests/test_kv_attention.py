@@ -20,6 +20,11 @@ def _inputs(t, seed=0):
   return q, k, v
 
 
+def _flat(x):
+  """[B, L, K, H] -> the cache's [B, L, K * H]."""
+  return x.reshape(x.shape[:2] + (-1,))
+
+
 def _reference(q, k, v, slots):
   t = q.shape[1]
   query_slot = slots[:, None] + jnp.arange(t)[None, :]
@@ -31,7 +36,7 @@ def test_equals_full_masked_attention_at_any_fill_level():
   for t, slots in ((1, [0, 9, 36]), (1, [20, 3, 17]), (5, [0, 8, 32]), (4, [16, 16, 1])):
     q, k, v = _inputs(t)
     slots = jnp.asarray(slots, jnp.int32)
-    got = cached_attention(q, k, v, slots, block=8)
+    got = cached_attention(q, _flat(k), _flat(v), slots, block=8)
     np.testing.assert_allclose(got, _reference(q, k, v, slots), rtol=2e-5, atol=2e-6)
 
 
@@ -39,8 +44,8 @@ def test_a_row_does_not_depend_on_the_other_rows_fill_level():
   """Blocks a row sees none of add exactly zero: row 0 is bit-identical alone and in a batch
   whose other rows make the loop visit every block."""
   q, k, v = _inputs(1, seed=1)
-  alone = cached_attention(q[:1], k[:1], v[:1], jnp.asarray([5], jnp.int32), block=8)
-  batched = cached_attention(q, k, v, jnp.asarray([5, 36, 30], jnp.int32), block=8)
+  alone = cached_attention(q[:1], _flat(k[:1]), _flat(v[:1]), jnp.asarray([5], jnp.int32), block=8)
+  batched = cached_attention(q, _flat(k), _flat(v), jnp.asarray([5, 36, 30], jnp.int32), block=8)
   np.testing.assert_array_equal(np.asarray(alone[0]), np.asarray(batched[0]))
 
 
@@ -49,7 +54,7 @@ def test_one_compile_for_every_fill_level():
 
   def fn(q, k, v, slots):
     traces.append(1)
-    return cached_attention(q, k, v, slots, block=8)
+    return cached_attention(q, _flat(k), _flat(v), slots, block=8)
 
   jitted = jax.jit(fn)
   q, k, v = _inputs(1)

@@ -91,7 +91,7 @@ class MicroPolicy:
 @flax.struct.dataclass
 class DecodeState:
   """Everything the loop carries (a pytree of arrays; see the module docstring for letters)."""
-  cache: Any                 # list per base layer of {"k", "v"}: [B, L, kv_heads, head_dim]
+  cache: Any                 # list per base layer of {"k", "v"}: [B, L, kv_heads * head_dim]
   slot: jax.Array            # [B] i32: KV slot the pending group is written to
   position: jax.Array        # [B] i32: RoPE position of the pending group (its last token's)
   group_tokens: jax.Array    # [B, S] i32: the pending group, zero-padded

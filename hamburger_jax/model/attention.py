@@ -1,8 +1,8 @@
 """Grouped-query attention with an explicit KV cache (cache in, cache out).
 
 Einsum letters: B batch, T query length, L key length, K kv heads, G query heads per kv head,
-H head dim. A layer's cache is `{"k": [B, L, K, H], "v": [B, L, K, H]}`; row b writes its T new
-entries at slots `cache_slots[b] .. cache_slots[b] + T - 1`.
+H head dim. A layer's cache is `{"k": [B, L, K * H], "v": [B, L, K * H]}` (heads flat: see
+`kv_attention`); row b writes its T new entries at slots `cache_slots[b] .. cache_slots[b] + T - 1`.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ LayerCache = dict[str, jax.Array]
 
 
 def init_layer_cache(cfg: LlamaConfig, batch: int, length: int, dtype=None) -> LayerCache:
-  """Zero KV buffers [batch, length, kv_heads, head_dim] for one layer."""
-  shape = (batch, length, cfg.num_kv_heads, cfg.head_dim)
+  """Zero KV buffers [batch, length, kv_heads * head_dim] for one layer."""
+  shape = (batch, length, cfg.num_kv_heads * cfg.head_dim)
   dtype = dtype or cfg.jnp_dtype
   return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
 
@@ -36,8 +36,9 @@ def init_cache(cfg: LlamaConfig, num_layers: int, batch: int, length: int, dtype
 
 
 def write_cache(buf, new, cache_slots):
-  """Writes new [B, T, K, H] into buf [B, L, K, H] at per-row slots; out-of-range writes drop."""
+  """Writes new [B, T, K, H] into buf [B, L, K * H] at per-row slots; out-of-range writes drop."""
   b, t = new.shape[:2]
+  new = new.reshape(b, t, -1)
   rows = jnp.arange(b)[:, None]
   cols = cache_slots[:, None] + jnp.arange(t)[None, :]
   return buf.at[rows, cols].set(new.astype(buf.dtype), mode="drop")
@@ -75,8 +76,7 @@ class Attention(nn.Module):
     if cache is not None:
       cache = {"k": write_cache(cache["k"], k, cache_slots),
                "v": write_cache(cache["v"], v, cache_slots)}
-      k, v = cache["k"].astype(q.dtype), cache["v"].astype(q.dtype)
-      out = cached_attention(q, k, v, cache_slots)
+      out = cached_attention(q, cache["k"], cache["v"], cache_slots)
     else:
       if segment_ids is None:
         segment_ids = jnp.ones((b, t), jnp.int32)

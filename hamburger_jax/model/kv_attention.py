@@ -1,8 +1,10 @@
 """Attention of new queries over a fixed-shape KV buffer, visiting only the key blocks in use.
 
-    out = cached_attention(q [B, T, N, H], k [B, L, K, H], v [B, L, K, H], cache_slots [B])
+    out = cached_attention(q [B, T, N, H], k [B, L, K * H], v [B, L, K * H], cache_slots [B])
 
-Query t of row b sees the buffer's slots <= cache_slots[b] + t. The keys are read in blocks of
+The buffers keep the heads flat (K * H on the minor axis): on TPUs an H = 64 minor axis is
+padded to 128 lanes and the loop would copy the whole buffer into another layout; blocks are
+reshaped to [B, blk, K, H] (and cast to q's dtype) after slicing. Query t of row b sees the buffer's slots <= cache_slots[b] + t. The keys are read in blocks of
 `block` slots by a loop whose trip count is traced: blocks up to the highest slot any query sees,
 so a decode step costs what the filled part of the buffer costs, not its length L (one compile
 for every fill level). Online softmax in float32 across blocks; a block a row sees none of adds
@@ -34,7 +36,7 @@ def _block_update(carry, qg, kj, vj, visible):
 def cached_attention(q, k, v, cache_slots, block: int = KV_BLOCK):
   """-> [B, T, N, H]; see the module docstring."""
   b, t, n, h = q.shape
-  length, kv_heads = k.shape[1], k.shape[2]
+  length, kv_heads = k.shape[1], k.shape[2] // h
   block = min(block, length)
   qg = q.reshape(b, t, kv_heads, n // kv_heads, h)
   query_slot = cache_slots[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]        # [B, T]
@@ -45,8 +47,8 @@ def cached_attention(q, k, v, cache_slots, block: int = KV_BLOCK):
     start = jnp.minimum(j * block, length - block)
     idx = start + jnp.arange(block, dtype=jnp.int32)
     visible = (idx[None, None, :] <= query_slot[:, :, None]) & (idx >= j * block)[None, None, :]
-    kj = jax.lax.dynamic_slice_in_dim(k, start, block, axis=1)
-    vj = jax.lax.dynamic_slice_in_dim(v, start, block, axis=1)
+    kj, vj = (jax.lax.dynamic_slice_in_dim(x, start, block, axis=1)
+              .reshape(b, block, kv_heads, h).astype(q.dtype) for x in (k, v))
     return _block_update(carry, qg, kj, vj, visible)
 
   stats = qg.shape[:4]
