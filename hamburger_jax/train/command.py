@@ -114,6 +114,9 @@ def main(argv):
     reason = _write_error(e)
     if reason is None:
       raise
+    # orbax's abandoned write futures are logged by asyncio when collected ("exception was never
+    # retrieved", with a traceback): the one line below already says what failed.
+    py_logging.getLogger("asyncio").disabled = True
     _fail(f"cannot write to {FLAGS.workdir}: {reason}. Free space (or use another --workdir) and "
           f"rerun to resume from the last complete checkpoint ({_last_saved_step(FLAGS.workdir)}).")
 
