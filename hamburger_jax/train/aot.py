@@ -86,10 +86,15 @@ def memory_report(compiled, hbm_gib: float | None = None) -> dict:
 
 
 def _compile(lowered_fn, hbm_gib):
-  """Runs lower+compile -> report dict (fits=False with XLA's message when HBM is exceeded)."""
+  """Runs lower+compile -> report dict (fits=False with XLA's message when HBM is exceeded).
+
+  Matmuls keep the TPU's default precision whatever the caller set (a process that asks for
+  float32 matmuls everywhere, like the CPU tests, would otherwise ask the Pallas kernels for fp32
+  products of bf16 operands, which Mosaic rejects)."""
   t0, c0 = time.perf_counter(), time.process_time()
   try:
-    compiled = lowered_fn().compile()
+    with jax.default_matmul_precision("default"):
+      compiled = lowered_fn().compile()
   except Exception as e:   # XLA reports out-of-memory as a runtime error at compile time
     msg = str(e)
     if "RESOURCE_EXHAUSTED" not in msg:
