@@ -10,9 +10,10 @@ Static batching: `Sampler.decode` over consecutive batches of b prompts. Continu
 `ContinuousBatcher` with b slots fed all prompts. Reported per setting: tokens/s end to end
 (prefill + decode wall time, compile excluded by a warm-up pass), static decode-only tokens/s
 (the loop alone), tokens per macro step, and quality against the base's greedy answers (token
-agreement, base-model NLL of the answers). Component costs: one base forward and one micro step
-at each batch size; a micro step costs the same however many rows continue (every row is
-computed), which is what the micro-step policies trade on.
+agreement, base-model NLL of the answers). Component costs at each batch size: one base forward,
+the heads (LM head + stop head) and one micro step without them. By default micro steps run on
+the continuing rows only (gathered into a 1/8, 1/4, 1/2 or full row bucket); --uncompacted 1 also
+runs the engine that computes every row at every micro step, side by side.
 Writes JSON (--out) and prints a table.
 """
 
@@ -52,7 +53,9 @@ def component_ms(cfg, params, batch_sizes, cache_length, repeats=20):
     feats, _ = fwd(params, cache)
     micro = model.micro_prefill(params, feats[:, 0])
     step = jax.jit(lambda p, m: model.micro_step(p, ones[:, 0], jnp.int32(1), m))
+    heads = jax.jit(model.heads)
     out[b] = {"base_forward_ms": _time(fwd, params, cache, repeats=repeats),
+              "heads_ms": _time(heads, params, feats[:, 0, -1], repeats=repeats),
               "micro_step_ms": _time(step, params, micro, repeats=repeats)}
   return out
 
@@ -88,11 +91,12 @@ def run_continuous(batcher, prompts, n, confidence):
   return [c.tokens for c in done], [c.macro_steps for c in done], wall, None
 
 
-def row(batch, engine, model, policy, run, prompts, base_tokens, scorer):
+def row(batch, engine, model, policy, run, prompts, base_tokens, scorer, compact=None):
   tokens, steps, wall, decode_s = run
   total = sum(len(t) for t in tokens)
   agree = [evaluation.agreement(h, b)[0] for h, b in zip(tokens, base_tokens)]
   return {"batch": batch, "engine": engine, "model": model, "policy": policy,
+          "compact_micro_steps": compact,
           "requests": len(tokens), "tokens": total, "wall_s": wall,
           "tokens_per_s": total / wall,
           "decode_only_tokens_per_s": None if decode_s is None else total / decode_s,
@@ -110,6 +114,9 @@ def bench_batch(b, cfg, params, prompts, args, scorer):
   ckw = dict(num_slots=b, cache_length=cache, chunk_steps=args.chunk_steps, eos_ids=(-1,))
   base_c = ContinuousBatcher(cfg, params, base=True, **ckw)
   ham_c = ContinuousBatcher(cfg, params, **ckw)
+  if args.uncompacted and b >= 4:       # the same engine without micro-step compaction
+    ham_s0 = Sampler(cfg, params, compact_micro_steps=False, **kw)
+    ham_c0 = ContinuousBatcher(cfg, params, compact_micro_steps=False, **ckw)
   base_static = run_static(base_s, prompts, b, n)
   base_tokens = base_static[0]
   rows = [row(b, "static", "base", None, base_static, prompts, base_tokens, scorer),
@@ -118,13 +125,18 @@ def bench_batch(b, cfg, params, prompts, args, scorer):
   for policy in args.policies.split(","):
     if b == 1 and policy != "all":
       continue                       # one row: every policy is "all"
-    rows.append(row(b, "static", "hamburger", policy,
-                    run_static(ham_s, prompts, b, n, confidence=conf, micro_policy=policy),
-                    prompts, base_tokens, scorer))
-    ham_c.set_micro_policy(policy)
-    rows.append(row(b, "continuous", "hamburger", policy,
-                    run_continuous(ham_c, prompts, n, conf), prompts, base_tokens, scorer))
-    print(json.dumps(rows[-2:]), flush=True)
+    engines = [(True, ham_s, ham_c)]
+    if args.uncompacted and b >= 4:
+      engines.append((False, ham_s0, ham_c0))
+    for compact, static, continuous in engines:
+      rows.append(row(b, "static", "hamburger", policy,
+                      run_static(static, prompts, b, n, confidence=conf, micro_policy=policy),
+                      prompts, base_tokens, scorer, compact))
+      continuous.set_micro_policy(policy)
+      rows.append(row(b, "continuous", "hamburger", policy,
+                      run_continuous(continuous, prompts, n, conf), prompts, base_tokens, scorer,
+                      compact))
+      print(json.dumps(rows[-2:]), flush=True)
   for r in rows:
     ref = next(x for x in rows if x["model"] == "base" and x["engine"] == r["engine"])
     r["vs_base"] = r["tokens_per_s"] / ref["tokens_per_s"]
@@ -132,7 +144,7 @@ def bench_batch(b, cfg, params, prompts, args, scorer):
 
 
 def format_table(result) -> str:
-  cols = ["batch", "engine", "model", "policy", "requests", "tokens_per_s", "vs_base",
+  cols = ["batch", "engine", "model", "policy", "compact_micro_steps", "requests", "tokens_per_s", "vs_base",
           "decode_only_tokens_per_s", "tokens_per_step", "token_agreement", "base_nll"]
   lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
   for r in result["rows"]:
@@ -140,10 +152,11 @@ def format_table(result) -> str:
              for c in cols]
     lines.append("| " + " | ".join(cells) + " |")
   lines.append("")
-  lines.append("| batch | base forward ms | micro step ms |")
-  lines.append("|---|---|---|")
+  lines.append("| batch | base forward ms | heads ms | micro step ms (no heads) |")
+  lines.append("|---|---|---|---|")
   for b, c in result["components"].items():
-    lines.append(f"| {b} | {c['base_forward_ms']:.2f} | {c['micro_step_ms']:.2f} |")
+    lines.append(f"| {b} | {c['base_forward_ms']:.2f} | {c.get('heads_ms', float('nan')):.2f} "
+                 f"| {c['micro_step_ms']:.2f} |")
   return "\n".join(lines)
 
 
@@ -156,6 +169,8 @@ def main(argv=None):
   parser.add_argument("--confidence", type=float, default=0.8)
   parser.add_argument("--policies", default="all,fraction:0.25,fraction:0.5,min_rows:4")
   parser.add_argument("--chunk_steps", type=int, default=8)
+  parser.add_argument("--uncompacted", type=int, default=1,
+                      help="1: also run HAMburger without micro-step compaction (batch >= 4)")
   parser.add_argument("--out", default="docs/batching_speed.json")
   args = parser.parse_args(argv)
   batch_sizes = [int(x) for x in args.batch_sizes.split(",")]
@@ -171,7 +186,7 @@ def main(argv=None):
   result = {
       "rows": [], "components": component_ms(cfg, params, batch_sizes, cache),
       "max_new_tokens": args.max_new_tokens, "confidence": args.confidence,
-      "chunk_steps": args.chunk_steps, "prompts": "held-out stdlib prompts, chat template",
+      "chunk_steps": args.chunk_steps, "prompts": "held-out prompts (standard library and broad), chat template",
       "device": jax.devices()[0].device_kind, "backend": jax.default_backend(),
       "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, shared",
       "load_average_before": load_before}

@@ -221,3 +221,18 @@ def test_the_loop_updates_its_state_in_place():
   out = sampler.run(state)
   assert state.cache[0]["k"].is_deleted() and not out.cache[0]["k"].is_deleted()
   assert int(out.num_out[0]) == 4
+
+
+def test_compacted_micro_steps_give_each_row_the_same_numbers():
+  """At 8 rows micro steps run on the continuing rows only, gathered into 1/2/4/8-row buckets."""
+  compact, full = small_sampler(0), small_sampler(0, compact_micro_steps=False)
+  assert loop_lib.micro_buckets(compact.engine, 8) == (1, 2, 4, 8)
+  assert loop_lib.micro_buckets(full.engine, 8) == (8,)
+  prompts = PROMPTS * 2
+  for knobs in (dict(confidence=0.5), dict(confidence=0.3, temperature=1.0, top_k=40, seed=5)):
+    a = compact.decode(prompts, max_new_tokens=24, eos_ids=[], **knobs)
+    b = full.decode(prompts, max_new_tokens=24, eos_ids=[], **knobs)
+    assert a.tokens == b.tokens and a.group_sizes == b.group_sizes
+    assert max(max(s) for s in a.group_sizes) > 1 and min(min(s) for s in a.group_sizes) == 1
+    for row in range(len(prompts)):
+      np.testing.assert_allclose(a.logits[row], b.logits[row], atol=1e-5)

@@ -37,6 +37,7 @@ class DecodeEngine:
   model: DecodeModel
   cache_length: int   # L: KV slots per row
   out_length: int     # N: output tokens per row
+  compact_micro_steps: bool = True   # micro steps run on the continuing rows only (see below)
 
   @property
   def max_steps(self) -> int:
@@ -120,6 +121,39 @@ def _pick(engine, params, hidden, j, keys, knobs: ds.DecodeKnobs, budget) -> Pic
   return Pick(tok, logprob, logit, stop, is_eos, is_stop, go_on)
 
 
+def micro_buckets(engine: DecodeEngine, batch: int) -> tuple[int, ...]:
+  """Row counts a micro step may run at, for a batch bucket of `batch` rows.
+
+  With `compact_micro_steps` (batches of 4 rows or more) the rows that continue their group are
+  gathered into the smallest bucket that holds them, so a micro step costs what its continuing
+  rows cost, not what the batch costs; a row's numbers do not depend on the bucket.
+  """
+  if not engine.compact_micro_steps or batch < 4:
+    return (batch,)
+  return tuple(sorted({max(1, batch // 8), batch // 4, batch // 2, batch}))
+
+
+def _micro_step_rows(engine, params, c: "MicroCarry", keys, knobs, budget, rows: int):
+  """One micro step on the first `rows` continuing rows (gathered), scattered back -> (Pick [B],
+  micro cache). Rows left out, or in the bucket but not continuing, are never read again in
+  this macro step (their group has ended)."""
+  b = c.prev.shape[0]
+  if rows == b:
+    out, cache = engine.model.micro_step(params, c.prev, c.step, c.cache)
+    return _pick(engine, params, out, c.step, keys, knobs, budget), cache
+  idx = jnp.argsort(~c.active, stable=True)[:rows]          # continuing rows first
+  take = lambda x: jnp.take(x, idx, axis=0)
+  out, part = engine.model.micro_step(params, take(c.prev), c.step,
+                                      jax.tree_util.tree_map(take, c.cache))
+  pick = _pick(engine, params, out, c.step, take(keys), jax.tree_util.tree_map(take, knobs),
+               take(budget))
+  scatter = lambda full, x: full.at[idx].set(x)
+  cache = jax.tree_util.tree_map(scatter, c.cache, part)
+  pick = jax.tree_util.tree_map(lambda x: scatter(jnp.zeros((b,) + x.shape[1:], x.dtype), x),
+                                pick)
+  return pick, cache
+
+
 def _decode_group(engine: DecodeEngine, params, features, st: ds.DecodeState, keys) -> Group:
   """features [B, F, D] -> the next group of every row (micro steps run as the policy allows)."""
   model, s = engine.model, engine.max_steps
@@ -129,9 +163,12 @@ def _decode_group(engine: DecodeEngine, params, features, st: ds.DecodeState, ke
   if s == 1:
     return group
 
+  buckets = micro_buckets(engine, features.shape[0])
+
   def body(c: MicroCarry) -> MicroCarry:          # j is traced: one compiled micro step
-    out, cache = model.micro_step(params, c.prev, c.step, c.cache)
-    p = _pick(engine, params, out, c.step, keys, st.knobs, budget)
+    branches = [functools.partial(_micro_step_rows, engine, params, rows=k) for k in buckets]
+    which = jnp.sum(jnp.asarray(buckets) < jnp.sum(c.active, dtype=jnp.int32))
+    p, cache = jax.lax.switch(which, branches, c, keys, st.knobs, budget)
     return MicroCarry(c.step + 1, c.active & p.go_on, p.token, cache,
                       c.group.extend(c.step, p, c.active))
 

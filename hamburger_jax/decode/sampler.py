@@ -38,15 +38,18 @@ class Sampler:
   to the config's (a decode call may pass its own). Batch rows and the prefill length are padded
   to power-of-two buckets (prefill at least `min_prompt_bucket`, at most L). Compiled functions
   are kept per sampler. The loop donates its state (KV buffers updated in place, not copied).
+  compact_micro_steps: micro steps run on the rows that continue their group, gathered into a
+  smaller row bucket (`loop.micro_buckets`; the same numbers, less work at 4 rows or more).
   """
 
   def __init__(self, cfg, params, *, base: bool = False, cache_length: int = 1024,
                out_length: int | None = None, eos_ids: Sequence[int] | None = None,
-               min_prompt_bucket: int = 16, donate: bool = True):
+               min_prompt_bucket: int = 16, donate: bool = True, compact_micro_steps: bool = True):
     model, params = decode_model(cfg, params, base)
     if cache_length < 1:
       raise DecodeInputError(f"cache_length must be >= 1, got {cache_length}.")
-    self.engine = lp.DecodeEngine(model, cache_length, out_length or cache_length)
+    self.engine = lp.DecodeEngine(model, cache_length, out_length or cache_length,
+                                  compact_micro_steps)
     llama = model.llama
     self.eos_ids = llama.eos_token_ids if eos_ids is None else tuple(int(e) for e in eos_ids)
     self.params = jax.device_put(params)
