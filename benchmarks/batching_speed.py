@@ -11,9 +11,9 @@ Static batching: `Sampler.decode` over consecutive batches of b prompts. Continu
 (prefill + decode wall time, compile excluded by a warm-up pass), static decode-only tokens/s
 (the loop alone), tokens per macro step, and quality against the base's greedy answers (token
 agreement, base-model NLL of the answers). Component costs at each batch size: one base forward,
-the heads (LM head + stop head) and one micro step without them. By default micro steps run on
-the continuing rows only (gathered into a 1/8, 1/4, 1/2 or full row bucket); --uncompacted 1 also
-runs the engine that computes every row at every micro step, side by side.
+the heads (LM head + stop head) and one micro step without them. HAMburger rows come in pairs
+(--compare_compact 1, batch >= 4): micro steps on the continuing rows only (gathered into a 1/8, 1/4,
+1/2 or full row bucket, `compact_micro_steps=True`) and on every row (the default engine).
 Writes JSON (--out) and prints a table.
 """
 
@@ -114,9 +114,9 @@ def bench_batch(b, cfg, params, prompts, args, scorer):
   ckw = dict(num_slots=b, cache_length=cache, chunk_steps=args.chunk_steps, eos_ids=(-1,))
   base_c = ContinuousBatcher(cfg, params, base=True, **ckw)
   ham_c = ContinuousBatcher(cfg, params, **ckw)
-  if args.uncompacted and b >= 4:       # the same engine without micro-step compaction
-    ham_s0 = Sampler(cfg, params, compact_micro_steps=False, **kw)
-    ham_c0 = ContinuousBatcher(cfg, params, compact_micro_steps=False, **ckw)
+  if args.compare_compact and b >= 4:       # the same engine with micro-step compaction
+    ham_s0 = Sampler(cfg, params, compact_micro_steps=True, **kw)
+    ham_c0 = ContinuousBatcher(cfg, params, compact_micro_steps=True, **ckw)
   base_static = run_static(base_s, prompts, b, n)
   base_tokens = base_static[0]
   rows = [row(b, "static", "base", None, base_static, prompts, base_tokens, scorer),
@@ -125,9 +125,9 @@ def bench_batch(b, cfg, params, prompts, args, scorer):
   for policy in args.policies.split(","):
     if b == 1 and policy != "all":
       continue                       # one row: every policy is "all"
-    engines = [(True, ham_s, ham_c)]
-    if args.uncompacted and b >= 4:
-      engines.append((False, ham_s0, ham_c0))
+    engines = [(False, ham_s, ham_c)]
+    if args.compare_compact and b >= 4:
+      engines.append((True, ham_s0, ham_c0))
     for compact, static, continuous in engines:
       rows.append(row(b, "static", "hamburger", policy,
                       run_static(static, prompts, b, n, confidence=conf, micro_policy=policy),
@@ -169,8 +169,8 @@ def main(argv=None):
   parser.add_argument("--confidence", type=float, default=0.8)
   parser.add_argument("--policies", default="all,fraction:0.25,fraction:0.5,min_rows:4")
   parser.add_argument("--chunk_steps", type=int, default=8)
-  parser.add_argument("--uncompacted", type=int, default=1,
-                      help="1: also run HAMburger without micro-step compaction (batch >= 4)")
+  parser.add_argument("--compare_compact", type=int, default=1,
+                      help="1: run HAMburger with and without micro-step compaction (batch >= 4)")
   parser.add_argument("--out", default="docs/batching_speed.json")
   args = parser.parse_args(argv)
   batch_sizes = [int(x) for x in args.batch_sizes.split(",")]

@@ -225,7 +225,7 @@ def test_the_loop_updates_its_state_in_place():
 
 def test_compacted_micro_steps_give_each_row_the_same_numbers():
   """At 8 rows micro steps run on the continuing rows only, gathered into 1/2/4/8-row buckets."""
-  compact, full = small_sampler(0), small_sampler(0, compact_micro_steps=False)
+  compact, full = small_sampler(0, compact_micro_steps=True), small_sampler(0)
   assert loop_lib.micro_buckets(compact.engine, 8) == (1, 2, 4, 8)
   assert loop_lib.micro_buckets(full.engine, 8) == (8,)
   prompts = PROMPTS * 2

@@ -37,7 +37,7 @@ class DecodeEngine:
   model: DecodeModel
   cache_length: int   # L: KV slots per row
   out_length: int     # N: output tokens per row
-  compact_micro_steps: bool = True   # micro steps run on the continuing rows only (see below)
+  compact_micro_steps: bool = False  # micro steps run on the continuing rows only (see below)
 
   @property
   def max_steps(self) -> int:
