@@ -97,8 +97,8 @@ class ContinuousBatcher:
   cache_length: KV slots per row (prompt + one per macro step); eos_ids: empty = the model
   config's. micro_policy: "all" (each request decodes exactly as alone), "min_rows:K" or
   "fraction:F" (see `state.MicroPolicy`). compact_micro_steps: micro steps run on the rows
-  that continue, gathered into a smaller row bucket (`loop.micro_buckets`; off by default). Prefill lengths are padded to power-of-two buckets of at
-  least `min_prompt_bucket`.
+  that continue, gathered into a smaller row bucket (`loop.micro_buckets`; off by default).
+  Prefill lengths are padded to power-of-two buckets of at least `min_prompt_bucket`.
   """
 
   def __init__(self, cfg, params, *, base: bool = False, num_slots: int = 8,

@@ -45,7 +45,8 @@ class Sampler:
 
   def __init__(self, cfg, params, *, base: bool = False, cache_length: int = 1024,
                out_length: int | None = None, eos_ids: Sequence[int] | None = None,
-               min_prompt_bucket: int = 16, donate: bool = True, compact_micro_steps: bool = False):
+               min_prompt_bucket: int = 16, donate: bool = True,
+               compact_micro_steps: bool = False):
     model, params = decode_model(cfg, params, base)
     if cache_length < 1:
       raise DecodeInputError(f"cache_length must be >= 1, got {cache_length}.")
