@@ -119,6 +119,9 @@ def _start_server(args, engine: str, port: int) -> subprocess.Popen:
          "--engine", engine, "--port", str(port), "--cache_length", str(args.cache_length),
          "--chunk_steps", str(args.chunk_steps), "--num_slots", str(args.num_slots),
          "--max_queue", str(args.requests), "--model_id", "bench", "--log_level", "warning"]
+  if engine == "continuous":        # the serial baseline keeps the sampler's defaults
+    cmd += ["--micro_policy", args.micro_policy,
+            "--compact_micro_steps" if args.compact_micro_steps else "--no-compact_micro_steps"]
   return subprocess.Popen(cmd, cwd=REPO, stderr=subprocess.PIPE, text=True)
 
 
@@ -168,8 +171,8 @@ def _engine_stats(url: str) -> dict:
 
 
 def _load_model(args):
-  dargs = decode_cli._resolve(decode_cli.DecodeArgs(ckpt=args.ckpt, token_ids=True))
-  return decode_cli._load(dargs)                        # (cfg, params, base_only)
+  dargs = decode_cli.resolve_args(decode_cli.DecodeArgs(ckpt=args.ckpt, token_ids=True))
+  return decode_cli.load_checkpoint(dargs)              # (cfg, params, base_only)
 
 
 def _table(rows) -> str:
@@ -193,6 +196,10 @@ def main(argv=None) -> int:
   p.add_argument("--chunk_steps", type=int, default=8)
   p.add_argument("--max_tokens", type=int, default=64, help="largest max_tokens of a request")
   p.add_argument("--confidence", type=float, default=0.8)
+  p.add_argument("--micro_policy", default="all",
+                 help="continuous engine's micro-step policy ('all': answers equal decoding alone)")
+  p.add_argument("--compact_micro_steps", type=int, default=0,
+                 help="1: the continuous engine runs micro steps on the continuing rows only")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--out_dir", default=".")
   args = p.parse_args(argv)

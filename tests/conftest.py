@@ -1,14 +1,30 @@
-"""Shared test setup: CPU, float32 matmuls at full precision, the repo on sys.path."""
+"""Shared test setup: CPU, float32 matmuls at full precision, the repo on sys.path, and one
+persistent XLA compilation cache for the whole run (test processes and the subprocesses they
+start compile many identical programs; the cache is made fresh per run and removed after it)."""
 
 import os
+import shutil
 import sys
+import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Set by the first process of the run (pytest, or xdist's controller); its workers and every
+# subprocess inherit the variables, so they share one cache.
+_OWN_CACHE = "JAX_COMPILATION_CACHE_DIR" not in os.environ
+if _OWN_CACHE:
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="hamburger_jax_test_xla_")
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
+
+
+def pytest_unconfigure(config):
+  del config
+  if _OWN_CACHE:
+    shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 
 
 def pytest_collection_modifyitems(items):

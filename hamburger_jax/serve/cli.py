@@ -55,6 +55,8 @@ class ServeArgs:
   cache_length: int = _flag(1024, "KV slots per request (bounds the prompt length)")
   chunk_steps: int = _flag(8, "macro steps between two event deliveries")
   micro_policy: str = _flag("all", "continuous engine's micro-step policy")
+  compact_micro_steps: bool = _flag(False, "micro steps run on the rows that continue only "
+                                           "(continuous engine; same answers)")
   min_prompt_bucket: int = _flag(16, "smallest prefill length bucket")
   host: str = _flag("127.0.0.1", "address to listen on (127.0.0.1: this machine only)")
   port: int = _flag(8000, "port to listen on")
@@ -132,7 +134,8 @@ def build(a: ServeArgs) -> Service:
   engine = engines.make_engine(
       a.engine, cfg, params, base=base_only, num_slots=a.num_slots, cache_length=a.cache_length,
       chunk_steps=a.chunk_steps, eos_ids=tuple(llama.eos_token_ids),
-      micro_policy=a.micro_policy, min_prompt_bucket=a.min_prompt_bucket)
+      micro_policy=a.micro_policy, min_prompt_bucket=a.min_prompt_bucket,
+      compact_micro_steps=a.compact_micro_steps)
   if a.warmup:
     warm_up(engine)
   return service_for(engine, cfg, tokenizer, dataclasses.replace(a, system=dargs.system))

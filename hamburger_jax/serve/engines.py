@@ -38,12 +38,15 @@ class _Running:
 class SerialEngine:
   """One request at a time (FIFO), `chunk_steps` macro steps per `step()`.
 
-  num_slots must be 1; micro_policy must be "all" (the sampler's only policy).
+  num_slots must be 1; micro_policy must be "all" (the sampler's only policy);
+  compact_micro_steps changes nothing at one row.
   """
 
   def __init__(self, cfg, params, *, base: bool = False, num_slots: int = 1,
                cache_length: int = 1024, chunk_steps: int = 8, eos_ids=(),
-               micro_policy: str = "all", min_prompt_bucket: int = 16):
+               micro_policy: str = "all", min_prompt_bucket: int = 16,
+               compact_micro_steps: bool = False):
+    del compact_micro_steps                  # one row: every micro step runs on it alone
     if num_slots != 1:
       raise ValueError(f"SerialEngine decodes one request at a time: num_slots must be 1, got "
                        f"{num_slots}.")

@@ -1,18 +1,31 @@
 """A bounded load test (40 requests, 8 in flight, fixed seed, greedy): every response arrives
-and equals the same request decoded alone; the server compiles nothing per request."""
+and equals the same request decoded alone; the server compiles nothing per request. Run on each
+engine, and on the continuous engine with micro-step compaction."""
 
 from __future__ import annotations
 
 import asyncio
 
 import serve_load  # pylint: disable=import-error
-from conftest import CACHE_LENGTH, MODEL
+from conftest import CACHE_LENGTH, MODEL, make_engine, serving
 from hamburger_jax.decode.sampler import TRACE_COUNTS
 
 CONFIDENCE = 0.6
 
 
 def test_load_nothing_lost_or_mixed(server, tiny_model):
+  _check_load(server, tiny_model)
+
+
+def test_load_with_compacted_micro_steps(tiny_model, tokenizer):
+  cfg, params = tiny_model
+  engine = make_engine("continuous", cfg, params, compact_micro_steps=True)
+  assert engine.engine.compact_micro_steps and engine.num_slots == 4
+  with serving(engine, cfg, tokenizer, "continuous", max_queue=64) as server:
+    _check_load(server, tiny_model)
+
+
+def _check_load(server, tiny_model):
   cfg, params = tiny_model
   workload = serve_load.make_workload(40, seed=0, vocab=cfg.base.vocab_size,
                                       prompt_lens=(2, 15), max_tokens=(4, 24))
