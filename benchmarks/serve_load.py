@@ -120,8 +120,8 @@ def _start_server(args, engine: str, port: int) -> subprocess.Popen:
          "--chunk_steps", str(args.chunk_steps), "--num_slots", str(args.num_slots),
          "--max_queue", str(args.requests), "--model_id", "bench", "--log_level", "warning"]
   if engine == "continuous":        # the serial baseline keeps the sampler's defaults
-    cmd += ["--micro_policy", args.micro_policy,
-            "--compact_micro_steps" if args.compact_micro_steps else "--no-compact_micro_steps"]
+    cmd += ["--micro_policy", args.micro_policy] + (
+        ["--compact_micro_steps"] if args.compact_micro_steps else [])
   return subprocess.Popen(cmd, cwd=REPO, stderr=subprocess.PIPE, text=True)
 
 
