@@ -257,6 +257,8 @@ def main(argv=None):
   parser.add_argument("--init_checkpoint", default=None,
                       help="train: start from this checkpoint (default: the base, runs/.../base_hf)")
   parser.add_argument("--history", default="", help="export: a note on how the weights were made")
+  parser.add_argument("--out_dir", default=ASSET_DIR,
+                      help="export: where to write the grafted weights (default: the shipped asset)")
   args = parser.parse_args(argv)
   os.makedirs(args.workdir, exist_ok=True)
   steps = ["prompts", "distill", "prepare", "train", "export"] if args.step == "all" else [args.step]
@@ -271,7 +273,7 @@ def main(argv=None):
     elif step == "train":
       step_train(args.workdir, args.config, args.init_checkpoint)
     elif step == "export":
-      step_export(args.workdir, history=args.history)
+      step_export(args.workdir, out_dir=args.out_dir, history=args.history)
 
 
 if __name__ == "__main__":
