@@ -30,6 +30,10 @@ import time
 
 import numpy as np
 
+# This process (the reference decodes) and the server subprocess share one accelerator: neither
+# may take the default 75% of its memory up front (set before JAX starts; inherited by the server).
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
