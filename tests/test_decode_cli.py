@@ -161,3 +161,21 @@ def test_missing_checkpoint_is_named_before_the_tokenizer(tmp_path):
   err = io.StringIO()
   code = run(DecodeArgs(ckpt=str(tmp_path / "nope"), prompt="hi"), io.StringIO(), err)
   assert code == 2 and "No such checkpoint" in err.getvalue()
+
+
+def test_unset_knobs_take_the_checkpoints_recommendation(ckpt, monkeypatch):
+  from hamburger_jax.decode import cli
+  from hamburger_jax.recipes import smollm2
+  from hamburger_jax.serve.cli import parse_args
+  a = cli.resolve_args(DecodeArgs(ckpt=ckpt))                 # recommends nothing: 0.8 / 0
+  assert (a.confidence, a.min_token_prob) == (0.8, 0.0)
+  a = cli.resolve_args(DecodeArgs(ckpt=ckpt, confidence=0.5, min_token_prob=0.2))
+  assert (a.confidence, a.min_token_prob) == (0.5, 0.2)
+  monkeypatch.setattr(smollm2, "decode_defaults", lambda: {"confidence": 0.9, "min_token_prob": 0.3})
+  monkeypatch.setattr(smollm2, "cached_tokenizer_dir", lambda: "tok")
+  a = cli.resolve_args(DecodeArgs(ckpt=cli.SHIPPED))
+  assert (a.confidence, a.min_token_prob, a.chat) == (0.9, 0.3, True)
+  a = cli.resolve_args(DecodeArgs(ckpt=cli.SHIPPED, min_token_prob=0.0))   # a flag given wins
+  assert (a.confidence, a.min_token_prob) == (0.9, 0.0)
+  s = parse_args(["--ckpt", "x", "--min_token_prob", "0.3"])
+  assert (s.confidence, s.min_token_prob) == (None, 0.3)

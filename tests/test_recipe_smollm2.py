@@ -1,9 +1,11 @@
 """The SmolLM2 recipe's training record (what the shipped manifest says about its weights), read
 through the dataset and checkpoint libraries from a real prepared dataset and real checkpoints."""
 
+import json
 import os
 
 import numpy as np
+import pytest
 
 from hamburger_jax.data import builder
 from hamburger_jax.data.segmentation import SegmentedExample
@@ -36,3 +38,15 @@ def test_training_record(tmp_path):
                              "segmentation": seg},
                     "train_steps": 200, "init_checkpoint": "ckpt200", "freeze_base": True,
                     "num_micro_layers": 2, "batch_size": 8, "seq_len": 256}
+
+
+def test_decode_defaults_from_the_manifest(tmp_path):
+  assert smollm2.decode_defaults(str(tmp_path)) == {}              # no manifest: none recommended
+  knobs = smollm2.parse_decode_knobs("confidence=0.9, min_token_prob=0.3")
+  assert knobs == {"confidence": 0.9, "min_token_prob": 0.3}
+  (tmp_path / "manifest.json").write_text(json.dumps({"decode_defaults": knobs}))
+  assert smollm2.decode_defaults(str(tmp_path)) == knobs
+  for text, message in [("temperature=0.5", "unknown knob"), ("confidence=x", "needs a number"),
+                        ("confidence=0", "out of range"), ("min_token_prob=1.5", "out of range")]:
+    with pytest.raises(ValueError, match=message):
+      smollm2.parse_decode_knobs(text)

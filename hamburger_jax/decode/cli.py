@@ -50,8 +50,8 @@ class DecodeArgs:
   chat: bool = False                # wrap prompts in the tokenizer's chat template
   system: str | None = None         # system message for --chat
   max_new_tokens: int = 256
-  confidence: float = 0.8
-  min_token_prob: float = 0.0       # a group goes on only while its drafted token's prob >= it
+  confidence: float | None = None   # None: the checkpoint's recommended value (else 0.8)
+  min_token_prob: float | None = None  # a group goes on only while its drafted token's prob >= it
   temperature: float = 0.0          # 0 = greedy
   top_k: int = 0                    # 0 = off
   top_p: float = 1.0                # 1 = off
@@ -73,7 +73,8 @@ def check_args(a: DecodeArgs) -> None:
   if not a.ckpt:
     raise UsageError("--ckpt is required (a hamburger_jax export dir, an HF Llama dir, or an "
                      "original HAMburger checkpoint with --base_config).")
-  if not (isinstance(a.confidence, (int, float)) and 0.0 < a.confidence <= 1.0):
+  if a.confidence is not None and not (isinstance(a.confidence, (int, float))
+                                       and 0.0 < a.confidence <= 1.0):
     raise UsageError(f"--confidence must be in (0, 1], got {a.confidence}.")
   if not 1 <= a.max_new_tokens <= MAX_NEW_TOKENS:
     raise UsageError(f"--max_new_tokens must be in 1..{MAX_NEW_TOKENS}, got {a.max_new_tokens}.")
@@ -140,18 +141,29 @@ def run(a: DecodeArgs, stdout: TextIO | None = None, stderr: TextIO | None = Non
 
 
 SHIPPED = "smollm2"   # --ckpt name of the shipped HAMburger-SmolLM2 (hamburger_jax/assets)
+DEFAULT_KNOBS = {"confidence": 0.8, "min_token_prob": 0.0}   # when the checkpoint recommends none
+
+
+def with_default_knobs(a, recommended: dict):
+  """`a` (DecodeArgs or ServeArgs) with its unset confidence / min_token_prob filled in: the
+  checkpoint's recommended values where it has them, else DEFAULT_KNOBS."""
+  filled = {name: recommended.get(name, value) for name, value in DEFAULT_KNOBS.items()
+            if getattr(a, name) is None}
+  return dataclasses.replace(a, **filled)
 
 
 def resolve_args(a: DecodeArgs) -> DecodeArgs:
-  """Checks that the checkpoint exists; the shipped model implies its chat template and tokenizer."""
+  """Checks that the checkpoint exists; the shipped model implies its chat template, tokenizer and
+  recommended knobs (its manifest's `decode_defaults`)."""
   if a.ckpt != SHIPPED:
     if not os.path.exists(a.ckpt):
       raise CheckpointError(f"No such checkpoint: {a.ckpt} (pass an export dir, an HF Llama dir, "
                             "an original HAMburger checkpoint, or 'smollm2').")
-    return a
+    return with_default_knobs(a, {})
   from hamburger_jax.recipes import smollm2
-  return dataclasses.replace(a, chat=True, system=a.system or smollm2.SYSTEM_PROMPT,
-                             tokenizer=a.tokenizer or smollm2.cached_tokenizer_dir())
+  a = dataclasses.replace(a, chat=True, system=a.system or smollm2.SYSTEM_PROMPT,
+                          tokenizer=a.tokenizer or smollm2.cached_tokenizer_dir())
+  return with_default_knobs(a, smollm2.decode_defaults())
 
 
 def load_checkpoint(a: DecodeArgs):
@@ -324,9 +336,11 @@ _HELP = {
     "chat": "wrap prompts in the chat template (Llama-3 headers or ChatML)",
     "system": "system message for --chat",
     "max_new_tokens": "exact maximum of generated tokens per prompt",
-    "confidence": "in (0, 1]: a group goes on while 1 - sigmoid(stop logit) >= confidence",
+    "confidence": "in (0, 1]: a group goes on while 1 - sigmoid(stop logit) >= confidence "
+                  "(default: the checkpoint's recommended value, else 0.8)",
     "min_token_prob": "in [0, 1]: a group also needs the micro decoder's probability of each "
-                      "drafted token >= this to go on (0 = off, 1 = one token per step)",
+                      "drafted token >= this to go on (0 = off, 1 = one token per step; "
+                      "default: the checkpoint's recommended value, else 0)",
     "temperature": "sampling temperature (0 = greedy)",
     "top_k": "keep the k most likely tokens (0 = off)",
     "top_p": "nucleus sampling mass (1 = off)",

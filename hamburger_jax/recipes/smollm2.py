@@ -75,6 +75,33 @@ def write_tokenizer(directory: str) -> str:
   return path
 
 
+def decode_defaults(asset_dir: str = ASSET_DIR) -> dict:
+  """The shipped weights' recommended decoding knobs ({"confidence", "min_token_prob"}; chosen
+  from their measured speed-quality curve and recorded in the manifest), or {} if none."""
+  path = os.path.join(asset_dir, "manifest.json")
+  if not os.path.isfile(path):
+    return {}
+  with open(path) as f:
+    return dict(json.load(f).get("decode_defaults", {}))
+
+
+def parse_decode_knobs(text: str) -> dict:
+  """"confidence=0.9,min_token_prob=0.3" -> {"confidence": 0.9, "min_token_prob": 0.3}."""
+  knobs = {}
+  for item in text.split(","):
+    name, _, value = item.partition("=")
+    name = name.strip()
+    if name not in ("confidence", "min_token_prob"):
+      raise ValueError(f"--decode_defaults: unknown knob {name!r} (confidence, min_token_prob).")
+    try:
+      knobs[name] = float(value)
+    except ValueError:
+      raise ValueError(f"--decode_defaults: {name} needs a number, got {value!r}.") from None
+    if not (0 < knobs[name] <= 1 if name == "confidence" else 0 <= knobs[name] <= 1):
+      raise ValueError(f"--decode_defaults: {name}={value} is out of range.")
+  return knobs
+
+
 def load_shipped(asset_dir: str = ASSET_DIR, verify: bool = True):
   """The shipped HAMburger-SmolLM2 -> (HamburgerConfig, params, Tokenizer, base LlamaConfig).
 
@@ -218,8 +245,13 @@ def training_record(workdir: str) -> dict:
   return record
 
 
-def step_export(workdir: str, out_dir: str = ASSET_DIR, history: str = "") -> None:
-  """Grafted weights (bf16) + manifest from the training run's params-only export."""
+def step_export(workdir: str, out_dir: str = ASSET_DIR, history: str = "",
+                decode_knobs: str = "") -> None:
+  """Grafted weights (bf16) + manifest from the training run's params-only export.
+
+  decode_knobs: "confidence=0.9,min_token_prob=0.3", the recommended decoding knobs (from the
+  weights' measured speed-quality curve) that decode.py and the server use when given none.
+  """
   import jax
   import jax.numpy as jnp
   from hamburger_jax.convert.native import load_hamburger, save_hamburger
@@ -233,6 +265,8 @@ def step_export(workdir: str, out_dir: str = ASSET_DIR, history: str = "") -> No
               "grafted_dtype": "bfloat16", "training": training_record(workdir)}
   if history:
     manifest["training"]["history"] = history
+  if decode_knobs:
+    manifest["decode_defaults"] = parse_decode_knobs(decode_knobs)
   with open(os.path.join(out_dir, "manifest.json"), "w") as f:
     json.dump(manifest, f, indent=2)
   print(f"export: {out_dir} ({os.path.getsize(os.path.join(out_dir, 'params.safetensors')) / 1e6:.1f} MB)")
@@ -257,6 +291,8 @@ def main(argv=None):
   parser.add_argument("--init_checkpoint", default=None,
                       help="train: start from this checkpoint (default: the base, runs/.../base_hf)")
   parser.add_argument("--history", default="", help="export: a note on how the weights were made")
+  parser.add_argument("--decode_defaults", default="",
+                      help='export: recommended knobs, e.g. "confidence=0.9,min_token_prob=0.3"')
   parser.add_argument("--out_dir", default=ASSET_DIR,
                       help="export: where to write the grafted weights (default: the shipped asset)")
   args = parser.parse_args(argv)
@@ -273,7 +309,8 @@ def main(argv=None):
     elif step == "train":
       step_train(args.workdir, args.config, args.init_checkpoint)
     elif step == "export":
-      step_export(args.workdir, out_dir=args.out_dir, history=args.history)
+      step_export(args.workdir, out_dir=args.out_dir, history=args.history,
+                  decode_knobs=args.decode_defaults)
 
 
 if __name__ == "__main__":

@@ -68,7 +68,10 @@ class ServeArgs:
   default_max_tokens: int = _flag(256, "max_tokens of requests that give none (at most the "
                                                  "limit)")
   temperature: float = _flag(1.0, "temperature of requests that give none (OpenAI's default)")
-  confidence: float = _flag(0.8, "confidence of requests that give none")
+  confidence: float | None = _flag(None, "confidence of requests that give none (default: the "
+                                         "checkpoint's recommended value, else 0.8)")
+  min_token_prob: float | None = _flag(None, "min_token_prob of requests that give none (default: "
+                                             "the checkpoint's recommended value, else 0)")
   shutdown_timeout: float = _flag(30.0, "seconds running requests get after SIGTERM")
   warmup: bool = _flag(True, "compile with one short request before listening")
   log_level: str = _flag("info", "uvicorn log level")
@@ -92,8 +95,10 @@ def check_args(a: ServeArgs) -> None:
     raise UsageError(f"--max_tokens must be >= 0 (0 = --cache_length), got {a.max_tokens}.")
   if not (a.request_timeout > 0 and a.shutdown_timeout > 0):
     raise UsageError("--request_timeout and --shutdown_timeout must be > 0.")
-  if not 0 <= a.temperature <= 2 or not 0 < a.confidence <= 1:
+  if not 0 <= a.temperature <= 2 or not (a.confidence is None or 0 < a.confidence <= 1):
     raise UsageError("--temperature must be in [0, 2] and --confidence in (0, 1].")
+  if a.min_token_prob is not None and not 0 <= a.min_token_prob <= 1:
+    raise UsageError(f"--min_token_prob must be in [0, 1], got {a.min_token_prob}.")
 
 
 def default_model_id(ckpt: str) -> str:
@@ -102,9 +107,11 @@ def default_model_id(ckpt: str) -> str:
 
 def service_for(engine, cfg, tokenizer, a: ServeArgs) -> Service:
   """The Service around `engine` (of kind a.engine; its worker not started yet)."""
+  a = decode_cli.with_default_knobs(a, {})   # build() has put the checkpoint's in already
   limit = a.max_tokens or a.cache_length
   limits = Limits(max_tokens=limit, default_max_tokens=min(a.default_max_tokens, limit),
-                  default_temperature=a.temperature, default_confidence=a.confidence)
+                  default_temperature=a.temperature, default_confidence=a.confidence,
+                  default_min_token_prob=a.min_token_prob)
   llama = cfg.base if isinstance(cfg, HamburgerConfig) else cfg
   slots = a.num_slots if a.engine == "continuous" else 1
   return Service(EngineWorker(engine, capacity=slots + a.max_queue),
@@ -126,7 +133,7 @@ def build(a: ServeArgs) -> Service:
   check_args(a)
   dargs = decode_cli.resolve_args(decode_cli.DecodeArgs(
       ckpt=a.ckpt, base_config=a.base_config, tokenizer=a.tokenizer, token_ids=a.token_ids,
-      system=a.system))
+      system=a.system, confidence=a.confidence, min_token_prob=a.min_token_prob))
   tokenizer = decode_cli.load_tokenizer(dargs)
   cfg, params, base_only = decode_cli.load_checkpoint(
       dataclasses.replace(dargs, base=a.base))
@@ -138,7 +145,8 @@ def build(a: ServeArgs) -> Service:
       compact_micro_steps=a.compact_micro_steps)
   if a.warmup:
     warm_up(engine)
-  return service_for(engine, cfg, tokenizer, dataclasses.replace(a, system=dargs.system))
+  return service_for(engine, cfg, tokenizer, dataclasses.replace(
+      a, system=dargs.system, confidence=dargs.confidence, min_token_prob=dargs.min_token_prob))
 
 
 def serve(service: Service, a: ServeArgs) -> None:
@@ -176,7 +184,7 @@ def parse_args(argv: Sequence[str]) -> ServeArgs:
       parser.add_argument(f"--{f.name}", action=argparse.BooleanOptionalAction, default=default,
                           help=f.metadata["help"])
     else:
-      kind = {"int": int, "float": float}.get(str(f.type), str)
+      kind = {"int": int, "float": float}.get(str(f.type).split(" |")[0], str)
       parser.add_argument(f"--{f.name}", type=kind, default=default, help=f.metadata["help"])
   return ServeArgs(**vars(parser.parse_args(argv)))
 

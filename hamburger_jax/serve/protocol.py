@@ -45,6 +45,7 @@ class Limits:
   default_max_tokens: int           # used when a request gives none
   default_temperature: float = 1.0  # OpenAI's default
   default_confidence: float = 0.8
+  default_min_token_prob: float = 0.0
 
 
 @dataclasses.dataclass
@@ -156,7 +157,7 @@ def parse_settings(body: dict, limits: Limits) -> Settings:
       seed=(secrets.randbelow(SEED_LIMIT) if seed is None
             else _number(body, "seed", 0, 0, SEED_LIMIT - 1, integer=True)),
       confidence=_number(body, "confidence", limits.default_confidence, 0.0, 1.0, lo_open=True),
-      min_token_prob=_number(body, "min_token_prob", 0.0, 0.0, 1.0),
+      min_token_prob=_number(body, "min_token_prob", limits.default_min_token_prob, 0.0, 1.0),
       stop=_stop_strings(body), stream=_flag(body, "stream"),
       include_usage=_flag(options, "include_usage"))
 

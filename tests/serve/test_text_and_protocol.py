@@ -62,6 +62,13 @@ def test_settings_defaults_and_names():
   with pytest.raises(ApiError) as e:
     parse_settings({"temperature": float("nan")}, limits)
   assert e.value.param == "temperature"
+  assert parse_settings({}, limits).min_token_prob == 0.0
+  trusting = Limits(max_tokens=64, default_max_tokens=16, default_confidence=0.9,
+                    default_min_token_prob=0.3)             # a server's (checkpoint's) defaults
+  s = parse_settings({}, trusting)
+  assert (s.confidence, s.min_token_prob) == (0.9, 0.3)
+  s = parse_settings({"confidence": 0.5, "min_token_prob": 0}, trusting)
+  assert (s.confidence, s.min_token_prob) == (0.5, 0.0)     # a request's own values win
   assert completion_prompt({"prompt": [[1, 2]]}) == [1, 2]
   assert completion_prompt({"prompt": ["hi"]}) == "hi"
 
