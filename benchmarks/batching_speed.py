@@ -5,7 +5,8 @@ per micro-step policy, with the quality cost of policies that cut groups. One ru
     python benchmarks/batching_speed.py --batch_sizes 8 --num_prompts 8 --max_new_tokens 16  # quick
 
 Prompts: held-out standard-library prompts (chat template), greedy, no EOS (every answer has
-exactly --max_new_tokens tokens, so every setting decodes the same number of tokens).
+exactly --max_new_tokens tokens, so every setting decodes the same number of tokens); HAMburger
+decodes with the checkpoint's recommended confidence / min_token_prob unless they are given.
 Static batching: `Sampler.decode` over consecutive batches of b prompts. Continuous batching:
 `ContinuousBatcher` with b slots fed all prompts. Reported per setting: tokens/s end to end
 (prefill + decode wall time, compile excluded by a warm-up pass), static decode-only tokens/s
@@ -33,6 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from hamburger_jax.decode import evaluation  # noqa: E402
 from hamburger_jax.decode.batching import ContinuousBatcher, Request  # noqa: E402
+from hamburger_jax.decode.cli import DEFAULT_KNOBS  # noqa: E402
 from hamburger_jax.decode.models import decode_model  # noqa: E402
 from hamburger_jax.decode.sampler import Sampler  # noqa: E402
 from hamburger_jax.model.attention import init_cache  # noqa: E402
@@ -81,12 +83,13 @@ def run_static(sampler, prompts, b, n, **knobs):
           sum(r.decode_s for r in runs))
 
 
-def run_continuous(batcher, prompts, n, confidence):
+def run_continuous(batcher, prompts, n, confidence, min_token_prob=0.0):
   """-> (token lists, macro steps, wall s, None); a 1-token pass compiles first."""
   buckets = {batcher.prompt_bucket(len(p)): p for p in prompts}             # each bucket once
-  batcher.generate([Request(p, 1, confidence) for p in buckets.values()])
+  knobs = dict(confidence=confidence, min_token_prob=min_token_prob)
+  batcher.generate([Request(p, 1, **knobs) for p in buckets.values()])
   t0 = time.perf_counter()
-  done = batcher.generate([Request(p, n, confidence) for p in prompts])
+  done = batcher.generate([Request(p, n, **knobs) for p in prompts])
   wall = time.perf_counter() - t0
   return [c.tokens for c in done], [c.macro_steps for c in done], wall, None
 
@@ -107,7 +110,7 @@ def row(batch, engine, model, policy, run, prompts, base_tokens, scorer, compact
 
 def bench_batch(b, cfg, params, prompts, args, scorer):
   """All settings at one batch size -> rows."""
-  n, conf = args.max_new_tokens, args.confidence
+  n, conf, trust = args.max_new_tokens, args.confidence, args.min_token_prob
   cache = max(len(p) for p in prompts) + n + 1
   kw = dict(cache_length=cache, out_length=n)
   base_s, ham_s = Sampler(cfg, params, base=True, **kw), Sampler(cfg, params, **kw)
@@ -130,11 +133,12 @@ def bench_batch(b, cfg, params, prompts, args, scorer):
       engines.append((True, ham_s0, ham_c0))
     for compact, static, continuous in engines:
       rows.append(row(b, "static", "hamburger", policy,
-                      run_static(static, prompts, b, n, confidence=conf, micro_policy=policy),
+                      run_static(static, prompts, b, n, confidence=conf, min_token_prob=trust,
+                                 micro_policy=policy),
                       prompts, base_tokens, scorer, compact))
       continuous.set_micro_policy(policy)
       rows.append(row(b, "continuous", "hamburger", policy,
-                      run_continuous(continuous, prompts, n, conf), prompts, base_tokens, scorer,
+                      run_continuous(continuous, prompts, n, conf, trust), prompts, base_tokens, scorer,
                       compact))
       print(json.dumps(rows[-2:]), flush=True)
   for r in rows:
@@ -166,18 +170,26 @@ def main(argv=None):
   parser.add_argument("--num_prompts", type=int, default=32, help="requests at batch >= 2")
   parser.add_argument("--batch1_prompts", type=int, default=8, help="requests at batch 1")
   parser.add_argument("--max_new_tokens", type=int, default=64)
-  parser.add_argument("--confidence", type=float, default=0.8)
+  parser.add_argument("--confidence", type=float, default=None,
+                      help="default: the checkpoint's recommended knob (manifest), else 0.8")
+  parser.add_argument("--min_token_prob", type=float, default=None,
+                      help="default: the checkpoint's recommended knob (manifest), else 0")
+  parser.add_argument("--asset_dir", default=smollm2.ASSET_DIR)
   parser.add_argument("--policies", default="all,fraction:0.25,fraction:0.5,min_rows:4")
   parser.add_argument("--chunk_steps", type=int, default=8)
   parser.add_argument("--compare_compact", type=int, default=1,
                       help="1: run HAMburger with and without micro-step compaction (batch >= 4)")
   parser.add_argument("--out", default="docs/batching_speed.json")
   args = parser.parse_args(argv)
+  recommended = smollm2.decode_defaults(args.asset_dir)
+  for name, value in DEFAULT_KNOBS.items():          # unset knobs: the checkpoint's, else default
+    if getattr(args, name) is None:
+      setattr(args, name, recommended.get(name, value))
   batch_sizes = [int(x) for x in args.batch_sizes.split(",")]
 
   t0 = time.time()
   load_before = os.getloadavg()
-  cfg, params, tok, base_cfg = smollm2.load_shipped()
+  cfg, params, tok, base_cfg = smollm2.load_shipped(args.asset_dir)
   params = jax.device_put(params)          # one copy, shared by every sampler and batcher
   items = heldout_prompts(max(args.num_prompts, args.batch1_prompts))
   all_prompts = [tok.encode(p["prompt"], chat=True, system=smollm2.SYSTEM_PROMPT) for p in items]
@@ -186,6 +198,7 @@ def main(argv=None):
   result = {
       "rows": [], "components": component_ms(cfg, params, batch_sizes, cache),
       "max_new_tokens": args.max_new_tokens, "confidence": args.confidence,
+      "min_token_prob": args.min_token_prob,
       "chunk_steps": args.chunk_steps, "prompts": "held-out prompts (standard library and broad), chat template",
       "device": jax.devices()[0].device_kind, "backend": jax.default_backend(),
       "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, shared",
