@@ -48,9 +48,12 @@ def teacher_forced(cfg, params, prompt, tokens, group_sizes):
 
 
 def check_against_teacher_forcing(cfg, params, prompt, result, row, confidence, max_group=None,
-                                  greedy=True, eos_ids=()):
+                                  greedy=True, eos_ids=(), min_token_prob=0.0):
   """Every decoded token, logit, stop logit and group boundary reproduces under teacher forcing.
 
+  With min_token_prob > 0 (greedy only): every drafted token (step >= 1) has probability >= it,
+  and a group the stop head would have continued ended because the next draft (the teacher-forced
+  argmax after its last token) fell below it.
   Returns the number of checked stop decisions (so callers can insist on non-trivial cases).
   Decisions within 1e-5 of the threshold (and argmax near-ties within 1e-5) may go either way.
   """
@@ -71,6 +74,9 @@ def check_against_teacher_forcing(cfg, params, prompt, result, row, confidence, 
       np.testing.assert_allclose(result.logits[row][i], tf[tok], rtol=1e-4, atol=1e-4)
       np.testing.assert_allclose(result.stop_logits[row][i], stops[m, j], rtol=1e-4, atol=1e-4)
       np.testing.assert_allclose(result.logprobs[row][i], jax.nn.log_softmax(tf)[tok], atol=1e-4)
+      if j >= 1 and min_token_prob > 0:
+        assert np.exp(result.logprobs[row][i]) >= min_token_prob - 1e-5, (
+            f"group {g} step {j}: a draft below min_token_prob was kept")
       go_on = float(continue_probability(jnp.float32(stops[m, j])))
       last = j == size - 1
       forced_end = (last and g == len(sizes) - 1 and truncated_last) or tok in eos_ids
@@ -78,6 +84,12 @@ def check_against_teacher_forcing(cfg, params, prompt, result, row, confidence, 
         expect_go_on = not last
         if last and j + 1 >= cap:
           expect_go_on = None              # the cap ended the group, whatever the head says
+        if last and expect_go_on is not None and go_on >= confidence and min_token_prob > 0:
+          draft = float(np.max(jax.nn.softmax(logits[m, j + 1])))   # the dropped draft
+          if abs(draft - min_token_prob) > 1e-5:
+            assert draft < min_token_prob, f"group {g} ended after a trusted draft ({draft:.4f})"
+            decisions += 1
+          expect_go_on = None
         if expect_go_on is not None:
           assert (go_on >= confidence) == expect_go_on, (
               f"group {g} step {j}: continue-prob {go_on:.6f} vs confidence {confidence}")

@@ -1,5 +1,5 @@
-"""Decode-time trust control: a group goes on only while the stop head agrees AND the model's
-probability of the token it just drafted is >= min_token_prob (a traced knob)."""
+"""Decode-time trust control: a drafted token joins its group only if the model's probability of
+it is >= min_token_prob (a traced knob); after a kept token the stop head decides as before."""
 
 import numpy as np
 import pytest
@@ -32,19 +32,24 @@ def test_one_gives_one_token_per_step_and_the_base_answer():
   assert r.tokens == base.tokens
 
 
-def test_groups_continue_only_after_trusted_tokens():
+def test_only_trusted_drafts_join_a_group():
+  cfg, params = small_model(0)
   sampler = small_sampler(0)
-  mean_sizes = []
+  mean_sizes, dropped = [], 0
   for trust in (0.0, 0.02, 0.05, 0.2):
     r = sampler.decode(PROMPTS, min_token_prob=trust, **KNOBS)
-    for row in range(len(PROMPTS)):
+    for row, prompt in enumerate(PROMPTS):
       probs = np.exp(r.logprobs[row])
       i = 0
       for size in r.group_sizes[row]:
-        assert (probs[i:i + size - 1] >= trust).all()    # every token a group went on after
+        assert (probs[i + 1:i + size] >= trust).all()    # every drafted token kept
         i += size
+      if trust:        # group ends: the stop head, or a dropped draft (teacher-forced argmax)
+        dropped += check_against_teacher_forcing(cfg, params, prompt, r, row,
+                                                 KNOBS["confidence"], min_token_prob=trust)
     mean_sizes.append(np.mean([s for sizes in r.group_sizes for s in sizes]))
   assert mean_sizes == sorted(mean_sizes, reverse=True) and mean_sizes[0] > mean_sizes[-1]
+  assert dropped > 10
 
 
 def test_no_recompilation_across_trust_values():

@@ -51,7 +51,7 @@ class DecodeArgs:
   system: str | None = None         # system message for --chat
   max_new_tokens: int = 256
   confidence: float | None = None   # None: the checkpoint's recommended value (else 0.8)
-  min_token_prob: float | None = None  # a group goes on only while its drafted token's prob >= it
+  min_token_prob: float | None = None  # a drafted token is kept only if its prob >= it
   temperature: float = 0.0          # 0 = greedy
   top_k: int = 0                    # 0 = off
   top_p: float = 1.0                # 1 = off
@@ -338,8 +338,9 @@ _HELP = {
     "max_new_tokens": "exact maximum of generated tokens per prompt",
     "confidence": "in (0, 1]: a group goes on while 1 - sigmoid(stop logit) >= confidence "
                   "(default: the checkpoint's recommended value, else 0.8)",
-    "min_token_prob": "in [0, 1]: a group also needs the micro decoder's probability of each "
-                      "drafted token >= this to go on (0 = off, 1 = one token per step; "
+    "min_token_prob": "in [0, 1]: a drafted token joins its group only if the micro decoder's "
+                      "probability of it is >= this, else the group ends before it (0 = off, "
+                      "1 = one token per step; "
                       "default: the checkpoint's recommended value, else 0)",
     "temperature": "sampling temperature (0 = greedy)",
     "top_k": "keep the k most likely tokens (0 = off)",

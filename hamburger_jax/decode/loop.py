@@ -60,6 +60,7 @@ class Pick:
   stop: jax.Array       # stop logit
   eos: jax.Array        # the token is an EOS id
   stop_id: jax.Array    # the token is an extra stop id
+  keep: jax.Array       # the token joins the group (a draft below min_token_prob does not)
   go_on: jax.Array      # the group continues after this token
 
 
@@ -100,11 +101,13 @@ class MicroCarry:
 
 
 def _pick(engine, params, hidden, j, keys, knobs: ds.DecodeKnobs, budget) -> Pick:
-  """Micro step j on hidden [B, D]: sample a token, decide whether the group goes on.
+  """Micro step j on hidden [B, D]: sample a token, decide whether it is kept and the group goes on.
 
-  The group goes on while the stop head's continue-probability is >= the confidence AND the
-  model's own (untempered) probability of the token just drafted is >= min_token_prob (< 1;
-  min_token_prob 1 = one token per macro step).
+  Step 0's token (the base model's own prediction) is always kept. A drafted token (step j >= 1)
+  is kept only if the model's own (untempered) probability of it is >= min_token_prob; a draft
+  below it is dropped and its group ends before it. After a kept token the group goes on while
+  the stop head's continue-probability is >= the confidence (min_token_prob 1 = one token per
+  macro step; 0 = the stop head alone).
   keys [B, 2]: the rows' keys of this macro step.
   """
   logits, stop = engine.model.heads(params, hidden)
@@ -114,11 +117,11 @@ def _pick(engine, params, hidden, j, keys, knobs: ds.DecodeKnobs, budget) -> Pic
   is_eos = jnp.any(tok[:, None] == knobs.eos_ids, axis=-1)
   is_stop = jnp.any(tok[:, None] == knobs.stop_ids, axis=-1)
   cap = jnp.minimum(knobs.max_group, engine.max_steps)
-  # 1 means never: a float32 probability can round to exactly 1.
-  trusted = (jnp.exp(logprob) >= knobs.min_token_prob) & (knobs.min_token_prob < 1.0)
-  go_on = ((continue_probability(stop) >= knobs.confidence) & trusted & (j + 1 < cap) & ~is_eos
-           & ~is_stop & (j + 1 < budget))
-  return Pick(tok, logprob, logit, stop, is_eos, is_stop, go_on)
+  keep = (j == 0) | (jnp.exp(logprob) >= knobs.min_token_prob)
+  # min_token_prob 1 means no draft at all (a float32 probability can round to exactly 1).
+  go_on = ((continue_probability(stop) >= knobs.confidence) & keep
+           & (knobs.min_token_prob < 1.0) & (j + 1 < cap) & ~is_eos & ~is_stop & (j + 1 < budget))
+  return Pick(tok, logprob, logit, stop, is_eos, is_stop, jnp.broadcast_to(keep, tok.shape), go_on)
 
 
 def micro_buckets(engine: DecodeEngine, batch: int) -> tuple[int, ...]:
@@ -170,7 +173,7 @@ def _decode_group(engine: DecodeEngine, params, features, st: ds.DecodeState, ke
     which = jnp.sum(jnp.asarray(buckets) < jnp.sum(c.active, dtype=jnp.int32))
     p, cache = jax.lax.switch(which, branches, c, keys, st.knobs, budget)
     return MicroCarry(c.step + 1, c.active & p.go_on, p.token, cache,
-                      c.group.extend(c.step, p, c.active))
+                      c.group.extend(c.step, p, c.active & p.keep))
 
   def micro_steps(group: Group) -> Group:         # the micro cache is fresh every macro step
     carry = MicroCarry(jnp.int32(1), p0.go_on & ~st.done, p0.token,

@@ -33,7 +33,7 @@ MAX_STOP = 8  # static length of DecodeKnobs.stop_ids
 class DecodeKnobs:
   """Per-row runtime settings, all traced arrays (changing them never recompiles)."""
   confidence: jax.Array      # [B] f32 in (0, 1]: continue a group while 1 - sigmoid(stop) >= it
-  min_token_prob: jax.Array  # [B] f32 in [0, 1]: ... and while the drafted token's prob >= it
+  min_token_prob: jax.Array  # [B] f32 in [0, 1]: a drafted token is kept only if its prob >= it
   max_new_tokens: jax.Array  # [B] i32 >= 1: exact output budget of the row
   max_group: jax.Array       # [B] i32 in 1..S: runtime cap on the group size (1 = base decoding)
   eos_ids: jax.Array         # [B, MAX_EOS] i32: end-of-sequence ids, padded with -1

@@ -8,7 +8,7 @@
 
 Extensions beside OpenAI's fields: `top_k` (0 = off), `confidence` (HAMburger's stop-head
 threshold in (0, 1]: a macro step's group goes on while 1 - p_stop >= it) and `min_token_prob`
-(in [0, 1]: a group also needs each drafted token's probability >= it; 0 = off).
+(in [0, 1]: a drafted token joins its group only if its probability is >= it; 0 = off).
 """
 
 from __future__ import annotations
