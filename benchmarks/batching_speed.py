@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from hamburger_jax.decode import evaluation  # noqa: E402
 from hamburger_jax.decode.batching import ContinuousBatcher, Request  # noqa: E402
-from hamburger_jax.decode.cli import DEFAULT_KNOBS  # noqa: E402
+from hamburger_jax.decode.cli import resolve_knobs  # noqa: E402
 from hamburger_jax.decode.models import decode_model  # noqa: E402
 from hamburger_jax.decode.sampler import Sampler  # noqa: E402
 from hamburger_jax.model.attention import init_cache  # noqa: E402
@@ -181,10 +181,7 @@ def main(argv=None):
                       help="1: run HAMburger with and without micro-step compaction (batch >= 4)")
   parser.add_argument("--out", default="docs/batching_speed.json")
   args = parser.parse_args(argv)
-  recommended = smollm2.decode_defaults(args.asset_dir)
-  for name, value in DEFAULT_KNOBS.items():          # unset knobs: the checkpoint's, else default
-    if getattr(args, name) is None:
-      setattr(args, name, recommended.get(name, value))
+  vars(args).update(resolve_knobs(vars(args), smollm2.decode_defaults(args.asset_dir)))
   batch_sizes = [int(x) for x in args.batch_sizes.split(",")]
 
   t0 = time.time()

@@ -35,7 +35,7 @@ def test_one_gives_one_token_per_step_and_the_base_answer():
 def test_only_trusted_drafts_join_a_group():
   cfg, params = small_model(0)
   sampler = small_sampler(0)
-  mean_sizes, dropped = [], 0
+  mean_sizes, decisions = [], 0
   for trust in (0.0, 0.02, 0.05, 0.2):
     r = sampler.decode(PROMPTS, min_token_prob=trust, **KNOBS)
     for row, prompt in enumerate(PROMPTS):
@@ -45,11 +45,11 @@ def test_only_trusted_drafts_join_a_group():
         assert (probs[i + 1:i + size] >= trust).all()    # every drafted token kept
         i += size
       if trust:        # group ends: the stop head, or a dropped draft (teacher-forced argmax)
-        dropped += check_against_teacher_forcing(cfg, params, prompt, r, row,
+        decisions += check_against_teacher_forcing(cfg, params, prompt, r, row,
                                                  KNOBS["confidence"], min_token_prob=trust)
     mean_sizes.append(np.mean([s for sizes in r.group_sizes for s in sizes]))
   assert mean_sizes == sorted(mean_sizes, reverse=True) and mean_sizes[0] > mean_sizes[-1]
-  assert dropped > 10
+  assert decisions > 10
 
 
 def test_no_recompilation_across_trust_values():

@@ -144,12 +144,16 @@ SHIPPED = "smollm2"   # --ckpt name of the shipped HAMburger-SmolLM2 (hamburger_
 DEFAULT_KNOBS = {"confidence": 0.8, "min_token_prob": 0.0}   # when the checkpoint recommends none
 
 
+def resolve_knobs(given: dict, recommended: dict) -> dict:
+  """{confidence, min_token_prob}: the given values, else the checkpoint's recommended ones, else
+  DEFAULT_KNOBS (None = not given)."""
+  return {name: given[name] if given.get(name) is not None else recommended.get(name, value)
+          for name, value in DEFAULT_KNOBS.items()}
+
+
 def with_default_knobs(a, recommended: dict):
-  """`a` (DecodeArgs or ServeArgs) with its unset confidence / min_token_prob filled in: the
-  checkpoint's recommended values where it has them, else DEFAULT_KNOBS."""
-  filled = {name: recommended.get(name, value) for name, value in DEFAULT_KNOBS.items()
-            if getattr(a, name) is None}
-  return dataclasses.replace(a, **filled)
+  """`a` (DecodeArgs or ServeArgs) with its unset confidence / min_token_prob filled in."""
+  return dataclasses.replace(a, **resolve_knobs(vars(a), recommended))
 
 
 def resolve_args(a: DecodeArgs) -> DecodeArgs:

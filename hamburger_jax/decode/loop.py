@@ -121,7 +121,7 @@ def _pick(engine, params, hidden, j, keys, knobs: ds.DecodeKnobs, budget) -> Pic
   # min_token_prob 1 means no draft at all (a float32 probability can round to exactly 1).
   go_on = ((continue_probability(stop) >= knobs.confidence) & keep
            & (knobs.min_token_prob < 1.0) & (j + 1 < cap) & ~is_eos & ~is_stop & (j + 1 < budget))
-  return Pick(tok, logprob, logit, stop, is_eos, is_stop, jnp.broadcast_to(keep, tok.shape), go_on)
+  return Pick(tok, logprob, logit, stop, is_eos, is_stop, keep, go_on)
 
 
 def micro_buckets(engine: DecodeEngine, batch: int) -> tuple[int, ...]:
