@@ -31,6 +31,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.feature_layers = ()        # base layers tapped by the micro decoder; () = preset
   c.model.num_micro_layers = 0       # micro-decoder layers; 0 = preset (4)
   c.model.merger_heads = 0           # heads of the embedder's merge attention; 0 = preset (64)
+  c.model.merge_adapter_rank = 0     # rank of the base-layer adapter that acts only at merged
+                                     # inputs (hamburger_jax.model.merge_adapter); 0 = none
   c.model.max_targets = 0            # micro decoder on at most this many target positions per
                                      # row (prompt positions skipped); 0 = every position
   c.model.param_dtype = "float32"    # master weights (and optimizer state)

@@ -147,6 +147,7 @@ class HamburgerConfig:
   feature_layers: tuple[int, ...] = (3, 7, 11)  # raw base-layer outputs fed to the micro decoder
   num_micro_layers: int = 4
   merger_heads: int = 64                   # heads of the embedder's attention merge
+  merge_adapter_rank: int = 0              # base-layer adapter at merged inputs (0 = none)
 
   def __post_init__(self):
     if self.max_steps < 1:
@@ -158,6 +159,8 @@ class HamburgerConfig:
     if self.base.hidden_size % self.merger_heads:
       raise ValueError(f"hidden_size {self.base.hidden_size} is not divisible by "
                        f"merger_heads {self.merger_heads}.")
+    if self.merge_adapter_rank < 0:
+      raise ValueError(f"merge_adapter_rank must be >= 0, got {self.merge_adapter_rank}.")
     if self.base.hidden_size % 2:
       raise ValueError("hidden_size must be even (the merger position table is D/2 wide).")
 

@@ -1,6 +1,7 @@
 """HamburgerModel: compositional embedder -> base Llama -> micro-step decoder.
 
-Parameters: {"base": Llama params, "embedder": merge weights, "micro_decoder": layers + stop head}.
+Parameters: {"base": Llama params, "embedder": merge weights, "micro_decoder": layers + stop head,
+and with cfg.merge_adapter_rank > 0 "merge_adapter": base-layer adapters at merged inputs}.
 The embedder and the LM head share the base model's token embedding.
 
 Training (teacher forcing, see `hamburger_jax.model.batch` for the batch fields):
@@ -23,6 +24,7 @@ from hamburger_jax.model.config import HamburgerConfig
 from hamburger_jax.model.embedder import CompositionalEmbedder
 from hamburger_jax.model.execution import Execution
 from hamburger_jax.model.llama import LlamaModel, LlamaOutput
+from hamburger_jax.model.merge_adapter import MergeAdapter
 from hamburger_jax.model.micro_decoder import MicroStepDecoder
 
 
@@ -55,6 +57,7 @@ class HamburgerModel(nn.Module):
     self.base = LlamaModel(self.cfg.base, self.execution)
     self.embedder = CompositionalEmbedder(self.cfg)
     self.micro_decoder = MicroStepDecoder(self.cfg, self.execution)
+    self.merge_adapter = MergeAdapter(self.cfg) if self.cfg.merge_adapter_rank else None
 
   # --- pieces shared by training and decoding -------------------------------------------------
 
@@ -62,13 +65,20 @@ class HamburgerModel(nn.Module):
     """group_tokens [..., S], group_lengths [...] -> merged input embeddings [..., D]."""
     return self.embedder(self.base.embed(group_tokens), group_lengths)
 
+  def adapter_hook(self, group_lengths):
+    """The base layers' hook for inputs of these group lengths [B, T] (None without adapter)."""
+    if self.merge_adapter is None:
+      return None
+    merged = group_lengths > 1
+    return lambda i, x_in, x_out: self.merge_adapter(i, x_in, x_out, merged)
+
   def base_forward(self, group_tokens, group_lengths, positions, segment_ids=None, cache=None,
                    cache_slots=None, return_logits: bool = False) -> LlamaOutput:
     """Base model over merged inputs [B, T, S] (+ lengths [B, T]); features [B, T, F, D]."""
     x = self.embed_groups(group_tokens, group_lengths)
     return self.base(embeddings=x, positions=positions, segment_ids=segment_ids, cache=cache,
                      cache_slots=cache_slots, feature_layers=self.cfg.feature_layers,
-                     return_logits=return_logits)
+                     return_logits=return_logits, layer_hook=self.adapter_hook(group_lengths))
 
   def heads(self, hidden):
     """Micro outputs [..., D] -> (logits [..., V], stop logits [...]), both float32."""
@@ -92,7 +102,7 @@ class HamburgerModel(nn.Module):
     embeddings = self.embed_groups(batch["group_tokens"], batch["group_lengths"])
     out = self.base(embeddings=embeddings, positions=batch["positions"],
                     segment_ids=batch["segment_ids"], feature_layers=self.cfg.feature_layers,
-                    return_logits=False)
+                    return_logits=False, layer_hook=self.adapter_hook(batch["group_lengths"]))
     features = out.features
     targets, lengths = batch["target_tokens"], batch["target_lengths"]
     if max_targets is not None:

@@ -59,12 +59,18 @@ def make_layers(cfg: LlamaConfig, execution: Execution, num_layers: int) -> list
 
 
 def run_layers(layers: Sequence[DecoderLayer], x, positions, segment_ids, cache, cache_slots,
-               tap_layers: Sequence[int] = ()):
-  """Runs decoder layers in order; returns (x, taps of `tap_layers`, new cache or None)."""
+               tap_layers: Sequence[int] = (), layer_hook=None):
+  """Runs decoder layers in order; returns (x, taps of `tap_layers`, new cache or None).
+
+  layer_hook(i, x_in, x_out) -> x_out, if given, rewrites each layer's output (merge adapter).
+  """
   taps, new_cache = [], [] if cache is not None else None
   for i, layer in enumerate(layers):
+    x_in = x
     x, layer_cache = layer(x, positions, segment_ids, None if cache is None else cache[i],
                            cache_slots)
+    if layer_hook is not None:
+      x = layer_hook(i, x_in, x)
     if cache is not None:
       new_cache.append(layer_cache)
     if i in tap_layers:
@@ -145,12 +151,14 @@ class LlamaModel(nn.Module):
 
   def __call__(self, tokens=None, *, embeddings=None, positions=None, segment_ids=None,
                cache=None, cache_slots=None, feature_layers: Sequence[int] = (),
-               return_logits: bool = True) -> LlamaOutput:
+               return_logits: bool = True, layer_hook=None) -> LlamaOutput:
     """Forward over tokens [B, T] (or embeddings [B, T, D]).
 
     positions [B, T]: RoPE positions (default 0..T-1). Without a cache, attention is causal and
     limited to equal `segment_ids` [B, T] (packed rows). With a cache (a list of per-layer
     buffers), entries are written at slots `cache_slots[b] + t` and queries see every earlier slot.
+    `layer_hook(i, x_in, x_out) -> x_out` rewrites each layer's output (it runs the layers
+    unrolled, also under `scan_layers`).
     """
     if embeddings is None:
       if tokens is None:
@@ -164,12 +172,13 @@ class LlamaModel(nn.Module):
     if cache is not None and cache_slots is None:
       raise ValueError("cache_slots [B] is required with a cache.")
     x = embeddings.astype(self.cfg.jnp_dtype)
-    if self.execution.scan_layers and cache is None and not self.is_initializing():
+    if (self.execution.scan_layers and cache is None and layer_hook is None
+        and not self.is_initializing()):
       x, taps = scan_layers(self.cfg, self.execution, self.variables["params"], x, positions,
                             segment_ids, tuple(feature_layers))
     else:
       x, taps, cache = run_layers(self.layers, x, positions, segment_ids, cache, cache_slots,
-                                  tuple(feature_layers))
+                                  tuple(feature_layers), layer_hook)
     hidden = self.norm(x)
     features = jnp.stack([*taps, hidden], axis=2) if feature_layers else None
     logits = self.logits(hidden) if return_logits else None

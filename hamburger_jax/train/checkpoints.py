@@ -287,7 +287,8 @@ def load_pretrained(path: str, cfg: HamburgerConfig, mode: str) -> tuple[Hamburg
 
   An HF Llama directory gives the base model only (grafted modules stay random): the HAMburger
   fields (max_steps, feature_layers, ...) come from `cfg`. A HAMburger checkpoint gives all params
-  and its own architecture (mode "base_lm" keeps only its base). dtypes always come from `cfg`.
+  and its own architecture (mode "base_lm" keeps only its base); a merge adapter that `cfg` asks
+  for and the checkpoint lacks starts fresh (as the identity). dtypes always come from `cfg`.
   """
   kind, ckpt_cfg, params = load_model(path)
   dtypes = dict(param_dtype=cfg.base.param_dtype, dtype=cfg.base.dtype)
@@ -297,6 +298,8 @@ def load_pretrained(path: str, cfg: HamburgerConfig, mode: str) -> tuple[Hamburg
     loaded = {"base": params}
   else:
     new_cfg = ckpt_cfg.replace(base=dataclasses.replace(ckpt_cfg.base, **dtypes))
+    if cfg.merge_adapter_rank and not ckpt_cfg.merge_adapter_rank:
+      new_cfg = new_cfg.replace(merge_adapter_rank=cfg.merge_adapter_rank)  # fresh (= identity)
     loaded = {"base": params["base"]} if mode == "base_lm" else dict(params)
   if new_cfg != cfg:
     logging.info("Model architecture taken from the checkpoint %s: %s", path, new_cfg)

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 import jax
 import optax
 
-GRAFTED_KEYS = ("embedder", "micro_decoder")
+GRAFTED_KEYS = ("embedder", "micro_decoder", "merge_adapter")
 # Parameter names (last path entry) that are never weight-decayed.
 NO_DECAY_NAMES = ("scale", "bias", "embedding", "pos")
 

@@ -26,7 +26,7 @@ class ConfigError(ValueError):
   """A run setting that cannot work; the message names the field and the fix."""
 _BASE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
                 "num_kv_heads", "head_dim")
-_HAM_FIELDS = ("max_steps", "num_micro_layers", "merger_heads")
+_HAM_FIELDS = ("max_steps", "num_micro_layers", "merger_heads", "merge_adapter_rank")
 
 
 def model_config(config) -> HamburgerConfig:
