@@ -1,4 +1,5 @@
-r"""Equal-budget ablation of HAMburger-SmolLM2: 2 vs 4 micro-decoder layers, frozen vs adapted base.
+r"""Equal-budget ablation of HAMburger-SmolLM2: 2 vs 4 micro-decoder layers, frozen vs adapted base
+(all of it, or a rank-64 merge adapter that acts only at merged inputs).
 
     python benchmarks/smollm2_ablation.py --workdir runs/smollm2 --steps 40
 
@@ -25,6 +26,8 @@ ARMS = {
     "2 layers, frozen base": ["--config.model.num_micro_layers=2", "--config.freeze_base=True"],
     "4 layers, frozen base": ["--config.model.num_micro_layers=4", "--config.freeze_base=True"],
     "2 layers, adapted base": ["--config.model.num_micro_layers=2", "--config.freeze_base=False"],
+    "2 layers, merge adapter": ["--config.model.num_micro_layers=2", "--config.freeze_base=True",
+                                "--config.model.merge_adapter_rank=64"],
 }
 EVAL_KEYS = ("loss", "label_loss", "stop_loss", "accuracy_s1", "accuracy_s2", "accuracy_s3",
              "accuracy_s4", "stop_accuracy", "expected_tokens_per_step")

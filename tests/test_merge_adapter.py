@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hamburger_jax.convert.native import load_hamburger, save_hamburger
+from hamburger_jax.decode.batching import ContinuousBatcher, Request
 from hamburger_jax.decode.sampler import Sampler
 from hamburger_jax.model.batch import make_batch
 from hamburger_jax.model.hamburger import HamburgerModel, init_params
@@ -73,6 +74,18 @@ def test_decode_with_adapter_matches_teacher_forcing():
       merged += sum(s > 1 for s in r.group_sizes[row])
       decisions += check_against_teacher_forcing(cfg, params, prompt, r, row, confidence)
   assert merged > 5 and decisions > 20
+
+
+def test_continuous_batching_with_an_adapter_decodes_as_alone():
+  cfg, params = adapted_model(0)
+  sampler = Sampler(cfg, params, cache_length=32, out_length=24)
+  batcher = ContinuousBatcher(cfg, params, num_slots=2, cache_length=32, chunk_steps=3)
+  knobs = [(PROMPTS[0], 24, 0.2), (PROMPTS[1], 17, 0.5), (PROMPTS[0][:3], 11, 0.3)]
+  done = batcher.generate([Request(p, n, c) for p, n, c in knobs])
+  for c, (p, n, conf) in zip(done, knobs):
+    alone = sampler.decode([p], max_new_tokens=n, confidence=conf)
+    assert c.tokens == alone.tokens[0] and c.group_sizes == alone.group_sizes[0]
+  assert max(max(c.group_sizes) for c in done) > 1
 
 
 def test_one_token_per_step_with_an_adapter_is_the_base():
