@@ -29,7 +29,8 @@ def test_training_record(tmp_path):
   for step in (25, 200):
     ckpt.save(step, {"w": np.zeros(2, np.float32)},
               {"init": {"checkpoint": f"ckpt{step}"}, "freeze_base": True,
-               "model": {"num_micro_layers": 2}, "data": {"batch_size": 8, "seq_len": 256}},
+               "model": {"num_micro_layers": 2, "merge_adapter_rank": step // 25},
+               "data": {"batch_size": 8, "seq_len": 256}},
               {"batches": step}, force=True)
   ckpt.close()
   os.makedirs(tmp_path / "train" / "checkpoints" / "300.orbax-checkpoint-tmp-1")  # unfinished
@@ -37,7 +38,8 @@ def test_training_record(tmp_path):
   assert record == {"data": {"examples": 3, "response_tokens": 30, "tokens_per_group": 1.5,
                              "segmentation": seg},
                     "train_steps": 200, "init_checkpoint": "ckpt200", "freeze_base": True,
-                    "num_micro_layers": 2, "batch_size": 8, "seq_len": 256}
+                    "num_micro_layers": 2, "batch_size": 8, "seq_len": 256,
+                    "merge_adapter_rank": 8}
 
 
 def test_decode_defaults_from_the_manifest(tmp_path):

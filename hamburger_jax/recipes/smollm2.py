@@ -240,7 +240,8 @@ def training_record(workdir: str) -> dict:
     c = ckpt.saved_config(step)
     record.update(train_steps=step, init_checkpoint=c["init"]["checkpoint"],
                   freeze_base=c["freeze_base"], num_micro_layers=c["model"]["num_micro_layers"],
-                  batch_size=c["data"]["batch_size"], seq_len=c["data"]["seq_len"])
+                  batch_size=c["data"]["batch_size"], seq_len=c["data"]["seq_len"],
+                  merge_adapter_rank=c["model"].get("merge_adapter_rank", 0))
   ckpt.close()
   return record
 
