@@ -1,13 +1,16 @@
-"""Benchmark helpers: the ablation summary from metrics.jsonl records, the markdown table."""
+"""Benchmark helpers: the ablation summary from metrics.jsonl records, the markdown table, the
+plain token rows behind a packed macro batch."""
 
 import os
 import sys
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "benchmarks"))
 
+import merged_context  # noqa: E402  pylint: disable=g-import-not-at-top,import-error
 import report  # noqa: E402  pylint: disable=g-import-not-at-top,import-error
 import smollm2_ablation  # noqa: E402  pylint: disable=g-import-not-at-top,import-error
 
@@ -49,3 +52,21 @@ def test_quality_rejects_a_negative_batch_size(capsys):
   with pytest.raises(SystemExit):
     quality.main(["--batch_size", "-1"])
   assert "--batch_size must be >= 0" in capsys.readouterr().err
+
+
+def test_unmerge_gives_the_plain_rows_and_each_groups_last_token():
+  from hamburger_jax.model.batch import make_batch
+  examples = [([1, 2, 3], [10, 11, 12, 13, 14, 15], [2, 3, 1]), ([7, 8], [20, 21, 22], [3])]
+  batch = make_batch(examples, max_steps=4, seq_len=16)
+  assert batch["group_tokens"].shape[0] == 1                     # both packed in one row
+  tokens, positions, segments, last = merged_context.unmerge(batch, 32)
+  np.testing.assert_array_equal(tokens[0, :14], [1, 2, 3, 10, 11, 12, 13, 14, 15, 7, 8, 20, 21, 22])
+  np.testing.assert_array_equal(positions[0, :14], list(range(9)) + list(range(5)))
+  np.testing.assert_array_equal(segments[0, :14], [1] * 9 + [2] * 5)
+  assert not tokens[0, 14:].any() and not segments[0, 14:].any()
+  fed = batch["group_lengths"][0]
+  for m in range(len(fed)):
+    if fed[m]:                                  # the plain row ends each group where it should
+      assert tokens[0, last[0, m]] == batch["group_tokens"][0, m, fed[m] - 1]
+  with pytest.raises(ValueError, match="plain_length"):
+    merged_context.unmerge(batch, 10)
