@@ -57,8 +57,9 @@ def test_labels_and_decay_mask():
 
 
 def test_trainable_keys_and_split():
-  assert optim.trainable_keys("hamburger", False) == ("base", "embedder", "micro_decoder")
-  assert optim.trainable_keys("hamburger", True) == ("embedder", "micro_decoder")
+  assert optim.trainable_keys("hamburger", False) == ("base", "embedder", "micro_decoder",
+                                                       "merge_adapter")
+  assert optim.trainable_keys("hamburger", True) == ("embedder", "micro_decoder", "merge_adapter")
   assert optim.trainable_keys("base_lm", False) == ("base",)
   with pytest.raises(ValueError, match="train nothing"):
     optim.trainable_keys("base_lm", True)
