@@ -13,8 +13,9 @@ Static batching: `Sampler.decode` over consecutive batches of b prompts. Continu
 (the loop alone), tokens per macro step, and quality against the base's greedy answers (token
 agreement, base-model NLL of the answers). Component costs at each batch size: one base forward,
 the heads (LM head + stop head) and one micro step without them. HAMburger rows come in pairs
-(--compare_compact 1, batch >= 4): micro steps on the continuing rows only (gathered into a 1/8, 1/4,
-1/2 or full row bucket, `compact_micro_steps=True`) and on every row (the default engine).
+(--compare_compact 1, batch >= 4): micro prefill and micro steps on the continuing rows only
+(gathered into a 1/8, 1/4, 1/2 or full row bucket, `compact_micro_steps=True`; the engines'
+default from 8 rows) and on every row (`compact_micro_steps=False`).
 Writes JSON (--out) and prints a table.
 """
 
@@ -113,10 +114,11 @@ def bench_batch(b, cfg, params, prompts, args, scorer):
   n, conf, trust = args.max_new_tokens, args.confidence, args.min_token_prob
   cache = max(len(p) for p in prompts) + n + 1
   kw = dict(cache_length=cache, out_length=n)
-  base_s, ham_s = Sampler(cfg, params, base=True, **kw), Sampler(cfg, params, **kw)
+  base_s = Sampler(cfg, params, base=True, **kw)
+  ham_s = Sampler(cfg, params, compact_micro_steps=False, **kw)
   ckw = dict(num_slots=b, cache_length=cache, chunk_steps=args.chunk_steps, eos_ids=(-1,))
   base_c = ContinuousBatcher(cfg, params, base=True, **ckw)
-  ham_c = ContinuousBatcher(cfg, params, **ckw)
+  ham_c = ContinuousBatcher(cfg, params, compact_micro_steps=False, **ckw)
   if args.compare_compact and b >= 4:       # the same engine with micro-step compaction
     ham_s0 = Sampler(cfg, params, compact_micro_steps=True, **kw)
     ham_c0 = ContinuousBatcher(cfg, params, compact_micro_steps=True, **ckw)

@@ -58,11 +58,11 @@ def make_workload(n: int, seed: int, vocab: int, prompt_lens=(2, 16), max_tokens
   return out
 
 
-async def _one(client, model, prompt, max_tokens, confidence, sem, i):
+async def _one(client, model, prompt, max_tokens, knobs, sem, i):
   async with sem:
     t0 = time.perf_counter()
     out = await client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens,
-                                          temperature=0, extra_body={"confidence": confidence})
+                                          temperature=0, extra_body=knobs)
     choice = out.choices[0]
     return {"index": i, "latency_s": time.perf_counter() - t0,
             "token_ids": choice.model_extra["token_ids"], "finish_reason": choice.finish_reason,
@@ -70,27 +70,30 @@ async def _one(client, model, prompt, max_tokens, confidence, sem, i):
 
 
 async def run_load(base_url: str, model: str, workload, concurrency: int,
-                   confidence: float = 0.8) -> tuple[list[dict | BaseException], float]:
+                   knobs: dict | None = None) -> tuple[list[dict | BaseException], float]:
   """Sends every request (at most `concurrency` in flight) -> (results by index, wall seconds).
+  knobs: HAMburger's request fields ({"confidence", "min_token_prob"}; default confidence 0.8).
   A request that failed is its exception."""
+  knobs = {"confidence": 0.8} if knobs is None else knobs
   import openai  # pylint: disable=g-import-not-at-top
   sem = asyncio.Semaphore(concurrency)
   async with openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0,
                                 timeout=3600) as client:
     t0 = time.perf_counter()
     results = await asyncio.gather(
-        *[_one(client, model, p, m, confidence, sem, i) for i, (p, m) in enumerate(workload)],
+        *[_one(client, model, p, m, knobs, sem, i) for i, (p, m) in enumerate(workload)],
         return_exceptions=True)
     return list(results), time.perf_counter() - t0
 
 
 def reference_tokens(cfg, params, workload, cache_length: int, confidence: float,
-                     base: bool = False) -> list[list[int]]:
+                     base: bool = False, min_token_prob: float = 0.0) -> list[list[int]]:
   """Each request decoded alone with the sampler (greedy, the model's EOS ids)."""
   llama = cfg.base if isinstance(cfg, HamburgerConfig) else cfg
   sampler = Sampler(cfg, params, base=base, cache_length=cache_length, out_length=cache_length,
                     eos_ids=llama.eos_token_ids)
-  return [sampler.decode([p], max_new_tokens=m, confidence=confidence, temperature=0.0).tokens[0]
+  return [sampler.decode([p], max_new_tokens=m, confidence=confidence,
+                         min_token_prob=min_token_prob, temperature=0.0).tokens[0]
           for p, m in workload]
 
 
@@ -124,8 +127,9 @@ def _start_server(args, engine: str, port: int) -> subprocess.Popen:
          "--chunk_steps", str(args.chunk_steps), "--num_slots", str(args.num_slots),
          "--max_queue", str(args.requests), "--model_id", "bench", "--log_level", "warning"]
   if engine == "continuous":        # the serial baseline keeps the sampler's defaults
-    cmd += ["--micro_policy", args.micro_policy] + (
-        ["--compact_micro_steps"] if args.compact_micro_steps else [])
+    cmd += ["--micro_policy", args.micro_policy]
+    if args.compact_micro_steps is not None:
+      cmd.append("--compact_micro_steps" if args.compact_micro_steps else "--no-compact_micro_steps")
   return subprocess.Popen(cmd, cwd=REPO, stderr=subprocess.PIPE, text=True)
 
 
@@ -153,10 +157,10 @@ def bench_engine(args, engine: str, workload, references) -> dict:
   try:
     wait_healthy(proc, url)
     warm = workload[:args.num_slots]                    # compiles every bucket the load uses
-    asyncio.run(run_load(url, "bench", warm, args.concurrency, args.confidence))
+    knobs = {"confidence": args.confidence, "min_token_prob": args.min_token_prob}
+    asyncio.run(run_load(url, "bench", warm, args.concurrency, knobs))
     before = _engine_stats(url)
-    results, wall = asyncio.run(run_load(url, "bench", workload, args.concurrency,
-                                         args.confidence))
+    results, wall = asyncio.run(run_load(url, "bench", workload, args.concurrency, knobs))
     after = _engine_stats(url)
   finally:
     proc.send_signal(signal.SIGTERM)
@@ -175,8 +179,13 @@ def _engine_stats(url: str) -> dict:
 
 
 def _load_model(args):
-  dargs = decode_cli.resolve_args(decode_cli.DecodeArgs(ckpt=args.ckpt, token_ids=True))
-  return decode_cli.load_checkpoint(dargs)              # (cfg, params, base_only)
+  """-> (cfg, params, base_only, {confidence, min_token_prob}: the given knobs, else the
+  checkpoint's recommended ones)."""
+  dargs = decode_cli.resolve_args(decode_cli.DecodeArgs(
+      ckpt=args.ckpt, token_ids=True, confidence=args.confidence,
+      min_token_prob=args.min_token_prob))
+  knobs = {"confidence": dargs.confidence, "min_token_prob": dargs.min_token_prob}
+  return (*decode_cli.load_checkpoint(dargs), knobs)
 
 
 def _table(rows) -> str:
@@ -199,22 +208,28 @@ def main(argv=None) -> int:
   p.add_argument("--cache_length", type=int, default=128)
   p.add_argument("--chunk_steps", type=int, default=8)
   p.add_argument("--max_tokens", type=int, default=64, help="largest max_tokens of a request")
-  p.add_argument("--confidence", type=float, default=0.8)
+  p.add_argument("--confidence", type=float, default=None,
+                 help="default: the checkpoint's recommended knob (manifest), else 0.8")
+  p.add_argument("--min_token_prob", type=float, default=None,
+                 help="default: the checkpoint's recommended knob (manifest), else 0")
   p.add_argument("--micro_policy", default="all",
                  help="continuous engine's micro-step policy ('all': answers equal decoding alone)")
-  p.add_argument("--compact_micro_steps", type=int, default=0,
-                 help="1: the continuous engine runs micro steps on the continuing rows only")
+  p.add_argument("--compact_micro_steps", type=int, default=None,
+                 help="1 / 0: the continuous engine runs micro steps on the continuing rows only / "
+                      "on every row (default: the server's, on CPU from 8 slots)")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--out_dir", default=".")
   args = p.parse_args(argv)
   if args.ckpt is None:
     from hamburger_jax.testing.fixtures import make_tiny_checkpoint  # pylint: disable=g-import-not-at-top
     args.ckpt = make_tiny_checkpoint(os.path.join(tempfile.mkdtemp(), "tiny_ckpt"), args.seed)
-  cfg, params, base_only = _load_model(args)
+  cfg, params, base_only, knobs = _load_model(args)
+  vars(args).update(knobs)
   vocab = (cfg.base if isinstance(cfg, HamburgerConfig) else cfg).vocab_size
   workload = make_workload(args.requests, args.seed, vocab,
                            max_tokens=(max(1, args.max_tokens // 4), args.max_tokens))
-  refs = reference_tokens(cfg, params, workload, args.cache_length, args.confidence, base_only)
+  refs = reference_tokens(cfg, params, workload, args.cache_length, args.confidence, base_only,
+                          args.min_token_prob)
   rows = [bench_engine(args, e, workload, refs) for e in args.engines.split(",")]
   serial = next((r for r in rows if r["engine"] == "serial"), None)
   for r in rows:

@@ -146,6 +146,33 @@ def test_base_batcher_decodes_as_the_base_sampler():
     assert c.group_sizes == [1] * len(c.tokens) and len(c.tokens) == c.macro_steps
 
 
+def test_a_finished_row_is_refilled_at_once_while_requests_wait():
+  """With a request waiting, the chunk ends at the macro step in which a row finishes (its slot
+  is refilled by the next step); with none waiting, a chunk runs all its macro steps. Answers
+  are unchanged."""
+  cfg, params = small_model(0)
+  b = ContinuousBatcher(cfg, params, base=True, num_slots=2, cache_length=CACHE_LENGTH,
+                        chunk_steps=8, eos_ids=(-1,))
+  lengths = {0: 3, 2: 20, 4: 5}                      # prompt index -> max_new_tokens
+  ids = {b.submit(Request(PROMPTS[i], n)): i for i, n in lengths.items()}
+  tokens = {rid: [] for rid in ids}
+
+  def step():
+    events = b.step()
+    for e in events:
+      tokens[e.request_id] += e.new_tokens
+    return {ids[e.request_id] for e in events if e.finished}
+
+  assert step() == {0} and int(b.state.iteration) == 3    # not 8: request 4 was waiting
+  assert step() == {4} and int(b.state.iteration) == 3 + 8  # 4 admitted; nothing waits
+  while b.has_work():
+    step()
+  base = Sampler(cfg, params, base=True, cache_length=CACHE_LENGTH)
+  for rid, i in ids.items():
+    alone = base.decode([PROMPTS[i]], max_new_tokens=lengths[i], eos_ids=[-1])
+    assert tokens[rid] == alone.tokens[0], f"request {i}"
+
+
 def test_micro_policy_cuts_groups_only_when_asked():
   sampler = small_sampler(0)
   prompts = [PROMPTS[i] for i in (0, 2, 4, 6)]

@@ -9,7 +9,9 @@
 
 Each `step` prefills every waiting request that has a free slot (ONE row each, written into its
 slot: KV buffers, bookkeeping and knobs), then runs `chunk_steps` macro steps of the shared
-decode loop over all slots and returns one Event per running request. Every per-request setting
+decode loop over all slots (fewer while requests wait: the chunk ends with the first macro step
+in which a row finishes, so its slot is refilled at once) and returns one Event per running
+request. Every per-request setting
 lives in the state as a [B] array, so requests coming and going never recompile (one compile per
 prompt bucket for admission, one for the loop). Greedy answers equal `Sampler.decode([prompt])`
 of the same request alone under micro_policy "all". Produced tokens include the EOS or stop id
@@ -97,14 +99,15 @@ class ContinuousBatcher:
   cache_length: KV slots per row (prompt + one per macro step); eos_ids: empty = the model
   config's. micro_policy: "all" (each request decodes exactly as alone), "min_rows:K" or
   "fraction:F" (see `state.MicroPolicy`). compact_micro_steps: micro steps run on the rows
-  that continue, gathered into a smaller row bucket (`loop.micro_buckets`; off by default).
+  that continue, gathered into a smaller row bucket (`loop.micro_buckets`; None: on from
+  `loop.COMPACT_FROM` slots on CPU).
   Prefill lengths are padded to power-of-two buckets of at least `min_prompt_bucket`.
   """
 
   def __init__(self, cfg, params, *, base: bool = False, num_slots: int = 8,
                cache_length: int = 1024, chunk_steps: int = 8, eos_ids=(),
                micro_policy: str = "all", min_prompt_bucket: int = 16,
-               compact_micro_steps: bool = False):
+               compact_micro_steps: bool | None = None):
     for name, value in (("num_slots", num_slots), ("cache_length", cache_length),
                         ("chunk_steps", chunk_steps)):
       if value < 1:
@@ -172,12 +175,15 @@ class ContinuousBatcher:
   # -- the engine step --
 
   def step(self) -> list[Event]:
-    """Admits waiting requests into free slots, runs chunk_steps macro steps -> events."""
+    """Admits waiting requests into free slots, runs chunk_steps macro steps (fewer if requests
+    still wait and a row finishes) -> events."""
     self._admit_waiting()
     if all(s is None for s in self._slots):
       return []
+    # With requests waiting, the chunk ends as soon as a row finishes: its slot is refilled at
+    # the next step instead of idling until the chunk's last macro step.
     self.state = self.executables("chunk", self.params, self.state, self._cancel,
-                                  np.int32(self.chunk_steps))
+                                  np.int32(self.chunk_steps), np.bool_(bool(self._queue)))
     self._cancel[:] = False
     view = slots.chunk_view(self.state)
     return [self._collect(slot, view) for slot in range(self.num_slots)

@@ -37,7 +37,9 @@ class DecodeEngine:
   model: DecodeModel
   cache_length: int   # L: KV slots per row
   out_length: int     # N: output tokens per row
-  compact_micro_steps: bool = False  # micro steps run on the continuing rows only (see below)
+  # Micro prefill and micro steps run on the continuing rows only (see `micro_buckets`);
+  # None: on CPU at batches of COMPACT_FROM rows or more.
+  compact_micro_steps: bool | None = None
 
   @property
   def max_steps(self) -> int:
@@ -124,16 +126,50 @@ def _pick(engine, params, hidden, j, keys, knobs: ds.DecodeKnobs, budget) -> Pic
   return Pick(tok, logprob, logit, stop, is_eos, is_stop, keep, go_on)
 
 
+# On CPU, batches from this many rows compact their micro steps by default (engine's None): a
+# micro step on 1 of 8 continuing rows cost 0.37x the full-batch one, on 4 of 32 0.34x (2-core
+# CPU, benchmarks/batch_costs.py, docs/batching.md). Off elsewhere: on one H100 the gathers only
+# added launches (docs/batching.md).
+COMPACT_FROM = 8
+
+
 def micro_buckets(engine: DecodeEngine, batch: int) -> tuple[int, ...]:
   """Row counts a micro step may run at, for a batch bucket of `batch` rows.
 
-  With `compact_micro_steps` (batches of 4 rows or more) the rows that continue their group are
-  gathered into the smallest bucket that holds them, so a micro step costs what its continuing
-  rows cost, not what the batch costs; a row's numbers do not depend on the bucket.
+  With `compact_micro_steps` (batches of 4 rows or more; None: on CPU, from COMPACT_FROM rows)
+  the rows that continue their group are gathered into the smallest bucket that holds them, for
+  the micro prefill and for each micro step, so the micro steps cost what their continuing rows
+  cost, not what the batch costs; a row's numbers do not depend on the bucket.
   """
-  if not engine.compact_micro_steps or batch < 4:
+  compact = engine.compact_micro_steps
+  if compact is None:
+    compact = batch >= COMPACT_FROM and jax.default_backend() == "cpu"
+  if not compact or batch < 4:
     return (batch,)
   return tuple(sorted({max(1, batch // 8), batch // 4, batch // 2, batch}))
+
+
+def _bucket_index(buckets, count):
+  """[] i32: the index of the smallest bucket that holds `count` rows."""
+  return jnp.sum(jnp.asarray(buckets) < count)
+
+
+def _continuing_first(active, rows: int):
+  """[rows] i32: the indices of the rows with active [B] True first (stable), then the others."""
+  return jnp.argsort(~active, stable=True)[:rows]
+
+
+def _micro_prefill_rows(engine, params, features, active, rows: int):
+  """The micro prefill of the first `rows` rows with active [B] True (gathered), scattered into a
+  zero cache of all B rows: a row that does not continue its group is never read again in this
+  macro step, so its micro cache need not be computed."""
+  b = features.shape[0]
+  if rows == b:
+    return engine.model.micro_prefill(params, features)
+  idx = _continuing_first(active, rows)
+  part = engine.model.micro_prefill(params, jnp.take(features, idx, axis=0))
+  return jax.tree_util.tree_map(
+      lambda x: jnp.zeros((b,) + x.shape[1:], x.dtype).at[idx].set(x), part)
 
 
 def _micro_step_rows(engine, params, c: "MicroCarry", keys, knobs, budget, rows: int):
@@ -144,7 +180,7 @@ def _micro_step_rows(engine, params, c: "MicroCarry", keys, knobs, budget, rows:
   if rows == b:
     out, cache = engine.model.micro_step(params, c.prev, c.step, c.cache)
     return _pick(engine, params, out, c.step, keys, knobs, budget), cache
-  idx = jnp.argsort(~c.active, stable=True)[:rows]          # continuing rows first
+  idx = _continuing_first(c.active, rows)
   take = lambda x: jnp.take(x, idx, axis=0)
   out, part = engine.model.micro_step(params, take(c.prev), c.step,
                                       jax.tree_util.tree_map(take, c.cache))
@@ -170,14 +206,17 @@ def _decode_group(engine: DecodeEngine, params, features, st: ds.DecodeState, ke
 
   def body(c: MicroCarry) -> MicroCarry:          # j is traced: one compiled micro step
     branches = [functools.partial(_micro_step_rows, engine, params, rows=k) for k in buckets]
-    which = jnp.sum(jnp.asarray(buckets) < jnp.sum(c.active, dtype=jnp.int32))
+    which = _bucket_index(buckets, jnp.sum(c.active, dtype=jnp.int32))
     p, cache = jax.lax.switch(which, branches, c, keys, st.knobs, budget)
     return MicroCarry(c.step + 1, c.active & p.go_on, p.token, cache,
                       c.group.extend(c.step, p, c.active & p.keep))
 
   def micro_steps(group: Group) -> Group:         # the micro cache is fresh every macro step
-    carry = MicroCarry(jnp.int32(1), p0.go_on & ~st.done, p0.token,
-                       model.micro_prefill(params, features), group)
+    active = p0.go_on & ~st.done
+    prefills = [functools.partial(_micro_prefill_rows, engine, params, rows=k) for k in buckets]
+    cache = jax.lax.switch(_bucket_index(buckets, jnp.sum(active, dtype=jnp.int32)), prefills,
+                           features, active)
+    carry = MicroCarry(jnp.int32(1), active, p0.token, cache, group)
     cond = lambda c: (c.step < s) & st.micro_policy.allows(c.active, ~st.done)
     return jax.lax.while_loop(cond, body, carry).group
 
@@ -234,10 +273,20 @@ def prefill(engine: DecodeEngine, params, prefix, last_tokens, lengths, done, rn
                        engine.out_length)
 
 
-def loop(engine: DecodeEngine, params, state: ds.DecodeState, step_limit) -> ds.DecodeState:
-  """Runs macro steps until every row is done or `state.iteration` reaches step_limit []."""
+def loop(engine: DecodeEngine, params, state: ds.DecodeState, step_limit,
+         until_a_row_ends=False) -> ds.DecodeState:
+  """Runs macro steps until every row is done or `state.iteration` reaches step_limit [].
+
+  until_a_row_ends [] bool (traced): also stop after the first macro step in which a row that
+  was running at entry finishes (continuous batching refills its slot at once).
+  """
   TRACE_COUNTS["loop"] += 1
-  cond = lambda st: (st.iteration < step_limit) & ~jnp.all(st.done)
+  done_at_entry = state.done
+
+  def cond(st):
+    row_ended = jnp.any(st.done & ~done_at_entry)
+    return (st.iteration < step_limit) & ~jnp.all(st.done) & ~(until_a_row_ends & row_ended)
+
   return jax.lax.while_loop(cond, functools.partial(_macro_step, engine, params), state)
 
 

@@ -38,15 +38,15 @@ class Sampler:
   to the config's (a decode call may pass its own). Batch rows and the prefill length are padded
   to power-of-two buckets (prefill at least `min_prompt_bucket`, at most L). Compiled functions
   are kept per sampler. The loop donates its state (KV buffers updated in place, not copied).
-  compact_micro_steps: micro steps run on the rows that continue their group, gathered into a
-  smaller row bucket (`loop.micro_buckets`; the same numbers per row). Off by default: on a
-  2-core CPU at 8 rows it measured no faster (docs/batching.md).
+  compact_micro_steps: the micro prefill and micro steps run on the rows that continue their
+  group, gathered into a smaller row bucket (`loop.micro_buckets`; the same numbers per row).
+  None (default): on CPU, on for batches of `loop.COMPACT_FROM` (8) rows or more.
   """
 
   def __init__(self, cfg, params, *, base: bool = False, cache_length: int = 1024,
                out_length: int | None = None, eos_ids: Sequence[int] | None = None,
                min_prompt_bucket: int = 16, donate: bool = True,
-               compact_micro_steps: bool = False):
+               compact_micro_steps: bool | None = None):
     model, params = decode_model(cfg, params, base)
     if cache_length < 1:
       raise DecodeInputError(f"cache_length must be >= 1, got {cache_length}.")

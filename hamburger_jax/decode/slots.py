@@ -2,11 +2,12 @@
 
     state = empty_state(engine, num_slots)                  # every slot free (done)
     state = admit(engine, params, state, slot, prefix [1, P], last [1], length [1], knobs, key)
-    state = run_chunk(engine, params, state, cancel [B], steps)
+    state = run_chunk(engine, params, state, cancel [B], steps, refill [] bool)
 
 `admit` prefills ONE prompt into a fresh row and writes that row (KV buffers, bookkeeping, knobs)
-into `slot`; `run_chunk` runs up to `steps` macro steps of the shared loop. The slot, prompts,
-knobs and step counts are traced: one compile per prompt bucket P (admit) and one for the loop.
+into `slot`; `run_chunk` runs up to `steps` macro steps of the shared loop (fewer when requests
+wait and a row finishes: its slot is refilled at once). The slot, prompts, knobs, step counts
+and the refill flag are traced: one compile per prompt bucket P (admit) and one for the loop.
 The output buffer holds one chunk: `run_chunk` first sets out_start = num_out, so a row's tokens
 of this chunk are out_tokens[b, :num_out - out_start] (N = chunk steps * S is enough).
 """
@@ -50,15 +51,17 @@ def admit(engine: lp.DecodeEngine, params, state: ds.DecodeState, slot, prefix, 
   return jax.tree_util.tree_map(put, state, row)
 
 
-def run_chunk(engine: lp.DecodeEngine, params, state: ds.DecodeState, cancel,
-              steps) -> ds.DecodeState:
-  """Frees the rows flagged in cancel [B] bool, then runs up to `steps` [] macro steps."""
+def run_chunk(engine: lp.DecodeEngine, params, state: ds.DecodeState, cancel, steps,
+              refill) -> ds.DecodeState:
+  """Frees the rows flagged in cancel [B] bool, then runs up to `steps` [] macro steps; with
+  refill [] bool (requests are waiting) it returns as soon as a running row finishes, so the
+  host can admit a waiting request into that slot instead of leaving it idle."""
   lp.TRACE_COUNTS["chunk"] += 1
   free = cancel & ~state.done
   state = state.replace(done=state.done | cancel,
                         finish=jnp.where(free, ds.PADDING, state.finish).astype(jnp.int32),
                         out_start=state.num_out)
-  return lp.loop(engine, params, state, state.iteration + steps)
+  return lp.loop(engine, params, state, state.iteration + steps, refill)
 
 
 def chunk_view(state: ds.DecodeState):

@@ -55,8 +55,9 @@ class ServeArgs:
   cache_length: int = _flag(1024, "KV slots per request (bounds the prompt length)")
   chunk_steps: int = _flag(8, "macro steps between two event deliveries")
   micro_policy: str = _flag("all", "continuous engine's micro-step policy")
-  compact_micro_steps: bool = _flag(False, "micro steps run on the rows that continue only "
-                                           "(continuous engine; same answers)")
+  compact_micro_steps: bool | None = _flag(
+      None, "micro steps run on the rows that continue only (continuous engine; same answers; "
+            "default: on from 8 slots on CPU)")
   min_prompt_bucket: int = _flag(16, "smallest prefill length bucket")
   host: str = _flag("127.0.0.1", "address to listen on (127.0.0.1: this machine only)")
   port: int = _flag(8000, "port to listen on")
@@ -180,7 +181,7 @@ def parse_args(argv: Sequence[str]) -> ServeArgs:
                    "compatible HTTP API.")
   for f in dataclasses.fields(ServeArgs):
     default = f.default
-    if isinstance(default, bool):
+    if isinstance(default, bool) or str(f.type).startswith("bool"):
       parser.add_argument(f"--{f.name}", action=argparse.BooleanOptionalAction, default=default,
                           help=f.metadata["help"])
     else:

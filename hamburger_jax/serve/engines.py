@@ -45,7 +45,7 @@ class SerialEngine:
   def __init__(self, cfg, params, *, base: bool = False, num_slots: int = 1,
                cache_length: int = 1024, chunk_steps: int = 8, eos_ids=(),
                micro_policy: str = "all", min_prompt_bucket: int = 16,
-               compact_micro_steps: bool = False):
+               compact_micro_steps: bool | None = None):
     del compact_micro_steps                  # one row: every micro step runs on it alone
     if num_slots != 1:
       raise ValueError(f"SerialEngine decodes one request at a time: num_slots must be 1, got "

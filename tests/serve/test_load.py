@@ -11,6 +11,7 @@ from conftest import CACHE_LENGTH, MODEL, make_engine, serving
 from hamburger_jax.decode.sampler import TRACE_COUNTS
 
 CONFIDENCE = 0.6
+KNOBS = {"confidence": CONFIDENCE, "min_token_prob": 0.0}   # request fields
 
 
 def test_load_nothing_lost_or_mixed(server, tiny_model):
@@ -30,9 +31,9 @@ def _check_load(server, tiny_model):
   workload = serve_load.make_workload(40, seed=0, vocab=cfg.base.vocab_size,
                                       prompt_lens=(2, 15), max_tokens=(4, 24))
   refs = serve_load.reference_tokens(cfg, params, workload, CACHE_LENGTH, CONFIDENCE)
-  asyncio.run(serve_load.run_load(server.url, MODEL, workload[:2], 2, CONFIDENCE))   # compile
+  asyncio.run(serve_load.run_load(server.url, MODEL, workload[:2], 2, KNOBS))   # compile
   traces = dict(TRACE_COUNTS)
-  results, wall = asyncio.run(serve_load.run_load(server.url, MODEL, workload, 8, CONFIDENCE))
+  results, wall = asyncio.run(serve_load.run_load(server.url, MODEL, workload, 8, KNOBS))
   out = serve_load.summarize(results, wall, refs)
   assert out["answered"] == 40, out["failed"]
   assert out["mismatched"] == [] and out["identical_to_alone"]

@@ -1,0 +1,147 @@
+r"""What one micro step costs at a batch of B rows when only some rows continue their group, with
+and without micro-step compaction (shipped HAMburger-SmolLM2). One run, one machine.
+
+    python benchmarks/batch_costs.py                          # B = 8 and 32
+    python benchmarks/batch_costs.py --batch_sizes 8 --repeats 10
+
+For each batch size B and each number k of continuing rows (the compaction buckets B/8, B/4,
+B/2, B): the micro prefill plus one micro step with its heads, as the decode loop runs them
+(`loop._micro_prefill_rows`, `loop._micro_step_rows`), on all B rows (compaction off) and on the
+k rows gathered (on); beside them one base forward plus heads at B rows (the rest of a macro
+step). Settings are timed in rotation, `--repeats` rounds, and the median is reported, so a slow
+phase of a shared machine hits every setting alike. Writes JSON (--out) and prints a table.
+"""
+
+import argparse
+import functools
+import json
+import os
+import platform
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from hamburger_jax.decode import loop as lp  # noqa: E402
+from hamburger_jax.decode import state as ds  # noqa: E402
+from hamburger_jax.decode.models import decode_model  # noqa: E402
+from hamburger_jax.decode.sampling import SamplingParams  # noqa: E402
+from hamburger_jax.model.attention import init_cache  # noqa: E402
+from hamburger_jax.recipes import smollm2  # noqa: E402
+
+
+def micro_fn(engine, rows: int):
+  """jitted (params, features [B, F, D], active [B]) -> one micro prefill + micro step on `rows`
+  gathered rows (rows == B: every row), as the loop runs them."""
+  def run(params, features, active):
+    b = features.shape[0]
+    knobs = ds.DecodeKnobs.make(b, confidence=0.0, min_token_prob=0.0, max_new_tokens=1 << 20,
+                                max_group=engine.max_steps, eos_ids=(-1,),
+                                sampling=SamplingParams.greedy())
+    keys = jnp.zeros((b, 2), jnp.uint32)
+    cache = lp._micro_prefill_rows(  # pylint: disable=protected-access
+        engine, params, features, active, rows)
+    group = lp.Group.first(lp.Pick(*(jnp.zeros((b,), t) for t in (
+        jnp.int32, jnp.float32, jnp.float32, jnp.float32, bool, bool, bool, bool))),
+        engine.max_steps)
+    carry = lp.MicroCarry(jnp.int32(1), active, jnp.ones((b,), jnp.int32), cache, group)
+    pick, _ = lp._micro_step_rows(  # pylint: disable=protected-access
+        engine, params, carry, keys, knobs, knobs.max_new_tokens, rows)
+    return pick.token
+  return jax.jit(run)
+
+
+def macro_fn(model, b: int, cache_length: int):
+  """jitted params -> one base forward (groups of 2 tokens) plus heads at b rows."""
+  llama = model.llama
+  cache = init_cache(llama, llama.num_layers, b, cache_length)
+  groups = jnp.ones((b, 1, model.max_steps), jnp.int32)
+  ones = jnp.ones((b, 1), jnp.int32)
+
+  def run(params):
+    feats, _ = model.forward(params, groups, ones * 2, ones * 40, cache, ones[:, 0] * 40)
+    logits, stop = model.heads(params, feats[:, 0, -1])
+    return logits.sum() + stop.sum(), feats[:, 0]
+  return jax.jit(run)
+
+
+def timed_rounds(fns: dict, repeats: int) -> dict:
+  """name -> (fn, args): median milliseconds per call, settings timed in rotation."""
+  for fn, args in fns.values():
+    jax.block_until_ready(fn(*args))                       # compile
+  times = {name: [] for name in fns}
+  for _ in range(repeats):
+    for name, (fn, args) in fns.items():
+      t0 = time.perf_counter()
+      jax.block_until_ready(fn(*args))
+      times[name].append((time.perf_counter() - t0) * 1e3)
+  return {name: float(np.median(t)) for name, t in times.items()}
+
+
+def bench(cfg, params, b: int, repeats: int, cache_length: int) -> list[dict]:
+  model, params = decode_model(cfg, params)
+  engine = lp.DecodeEngine(model, cache_length, cache_length, compact_micro_steps=True)
+  buckets = lp.micro_buckets(engine, b)
+  macro = macro_fn(model, b, cache_length)
+  _, features = macro(params)
+  fns = {("macro", b): (macro, (params,))}
+  for k in buckets:
+    active = jnp.arange(b) < k
+    fns[("off", k)] = (micro_fn(engine, b), (params, features, active))
+    if k < b:
+      fns[("on", k)] = (micro_fn(engine, k), (params, features, active))
+  ms = timed_rounds(fns, repeats)
+  macro_ms = ms[("macro", b)]
+  rows = []
+  for k in buckets:
+    off, on = ms[("off", k)], ms.get(("on", k), ms[("off", k)])
+    rows.append({"batch": b, "continuing_rows": k, "macro_step_ms": macro_ms,
+                 "micro_ms_compaction_off": off, "micro_ms_compaction_on": on,
+                 "on_vs_off": on / off, "micro_vs_macro_off": off / macro_ms,
+                 "micro_vs_macro_on": on / macro_ms})
+  return rows
+
+
+def format_table(rows) -> str:
+  lines = ["| batch B | continuing rows k | base forward + heads ms | micro prefill + step ms, "
+           "all B rows | on k rows (compacted) | compacted / all |", "|---|---|---|---|---|---|"]
+  for r in rows:
+    lines.append(f"| {r['batch']} | {r['continuing_rows']} | {r['macro_step_ms']:.1f} | "
+                 f"{r['micro_ms_compaction_off']:.1f} | {r['micro_ms_compaction_on']:.1f} | "
+                 f"{r['on_vs_off']:.2f} |")
+  return "\n".join(lines)
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--batch_sizes", default="8,32")
+  parser.add_argument("--repeats", type=int, default=15)
+  parser.add_argument("--cache_length", type=int, default=128)
+  parser.add_argument("--asset_dir", default=smollm2.ASSET_DIR)
+  parser.add_argument("--out", default="docs/batch_costs.json")
+  args = parser.parse_args(argv)
+  cfg, params, _, _ = smollm2.load_shipped(args.asset_dir)
+  params = jax.device_put(params)
+  rows = []
+  for b in (int(x) for x in args.batch_sizes.split(",")):
+    rows += bench(cfg, params, b, args.repeats, args.cache_length)
+    print(json.dumps(rows[-1]), flush=True)
+  result = {"rows": rows, "repeats": args.repeats, "cache_length": args.cache_length,
+            "device": jax.devices()[0].device_kind, "backend": jax.default_backend(),
+            "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+            "load_average": os.getloadavg()}
+  if args.out:
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+      json.dump(result, f, indent=2)
+  print(format_table(rows))
+  print(json.dumps(result))
+  return result
+
+
+if __name__ == "__main__":
+  main()
