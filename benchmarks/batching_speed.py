@@ -12,14 +12,16 @@ Static batching: `Sampler.decode` over consecutive batches of b prompts. Continu
 (prefill + decode wall time, compile excluded by a warm-up pass), static decode-only tokens/s
 (the loop alone), tokens per macro step, and quality against the base's greedy answers (token
 agreement, base-model NLL of the answers). Component costs at each batch size: one base forward,
-the heads (LM head + stop head) and one micro step without them. HAMburger rows come in pairs
-(--compare_compact 1, batch >= 4): micro prefill and micro steps on the continuing rows only
-(gathered into a 1/8, 1/4, 1/2 or full row bucket, `compact_micro_steps=True`; the engines'
-default from 8 rows) and on every row (`compact_micro_steps=False`).
+the heads (LM head + stop head) and one micro step without them. HAMburger runs with the
+engines' default micro-step compaction (on CPU: the micro prefill and micro steps on the
+continuing rows only, gathered into a 1/8, 1/4, 1/2 or full row bucket, from 8 rows; the
+`compact` column); --compare_compact 1 adds the same settings with compaction off. Every
+setting is timed --repeats times, the settings in rotation, and the median wall time is reported.
 Writes JSON (--out) and prints a table.
 """
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -34,6 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from hamburger_jax.decode import evaluation  # noqa: E402
+from hamburger_jax.decode import loop as lp  # noqa: E402
 from hamburger_jax.decode.batching import ContinuousBatcher, Request  # noqa: E402
 from hamburger_jax.decode.cli import resolve_knobs  # noqa: E402
 from hamburger_jax.decode.models import decode_model  # noqa: E402
@@ -110,39 +113,50 @@ def row(batch, engine, model, policy, run, prompts, base_tokens, scorer, compact
 
 
 def bench_batch(b, cfg, params, prompts, args, scorer):
-  """All settings at one batch size -> rows."""
+  """All settings at one batch size -> rows. Every setting runs `args.repeats` times, the
+  settings in rotation (a slow phase of a shared machine hits them alike); its wall time is the
+  median (greedy: every repeat gives the same tokens, checked)."""
   n, conf, trust = args.max_new_tokens, args.confidence, args.min_token_prob
   cache = max(len(p) for p in prompts) + n + 1
   kw = dict(cache_length=cache, out_length=n)
-  base_s = Sampler(cfg, params, base=True, **kw)
-  ham_s = Sampler(cfg, params, compact_micro_steps=False, **kw)
   ckw = dict(num_slots=b, cache_length=cache, chunk_steps=args.chunk_steps, eos_ids=(-1,))
+  base_s = Sampler(cfg, params, base=True, **kw)
   base_c = ContinuousBatcher(cfg, params, base=True, **ckw)
-  ham_c = ContinuousBatcher(cfg, params, compact_micro_steps=False, **ckw)
-  if args.compare_compact and b >= 4:       # the same engine with micro-step compaction
-    ham_s0 = Sampler(cfg, params, compact_micro_steps=True, **kw)
-    ham_c0 = ContinuousBatcher(cfg, params, compact_micro_steps=True, **ckw)
-  base_static = run_static(base_s, prompts, b, n)
-  base_tokens = base_static[0]
-  rows = [row(b, "static", "base", None, base_static, prompts, base_tokens, scorer),
-          row(b, "continuous", "base", None, run_continuous(base_c, prompts, n, 1.0), prompts,
-              base_tokens, scorer)]
-  for policy in args.policies.split(","):
-    if b == 1 and policy != "all":
-      continue                       # one row: every policy is "all"
-    engines = [(False, ham_s, ham_c)]
-    if args.compare_compact and b >= 4:
-      engines.append((True, ham_s0, ham_c0))
-    for compact, static, continuous in engines:
-      rows.append(row(b, "static", "hamburger", policy,
-                      run_static(static, prompts, b, n, confidence=conf, min_token_prob=trust,
-                                 micro_policy=policy),
-                      prompts, base_tokens, scorer, compact))
-      continuous.set_micro_policy(policy)
-      rows.append(row(b, "continuous", "hamburger", policy,
-                      run_continuous(continuous, prompts, n, conf, trust), prompts, base_tokens, scorer,
-                      compact))
-      print(json.dumps(rows[-2:]), flush=True)
+  settings = [(dict(engine="static", model="base", policy=None),
+               lambda: run_static(base_s, prompts, b, n)),
+              (dict(engine="continuous", model="base", policy=None),
+               lambda: run_continuous(base_c, prompts, n, 1.0))]
+  compacts = [None] + ([False] if args.compare_compact and b >= 4 else [])
+  for compact in compacts:          # None: the engines' default (on CPU: compacted from 8 rows)
+    ham_s = Sampler(cfg, params, compact_micro_steps=compact, **kw)
+    ham_c = ContinuousBatcher(cfg, params, compact_micro_steps=compact, **ckw)
+    shown = lp.micro_buckets(ham_s.engine, b) != (b,)
+    for policy in args.policies.split(","):
+      if b == 1 and policy != "all":
+        continue                     # one row: every policy is "all"
+      meta = dict(model="hamburger", policy=policy, compact=shown)
+
+      def continuous(batcher=ham_c, policy=policy):
+        batcher.set_micro_policy(policy)
+        return run_continuous(batcher, prompts, n, conf, trust)
+
+      settings += [(dict(engine="static", **meta),
+                    functools.partial(run_static, ham_s, prompts, b, n, confidence=conf,
+                                      min_token_prob=trust, micro_policy=policy)),
+                   (dict(engine="continuous", **meta), continuous)]
+  runs = [[] for _ in settings]
+  for _ in range(args.repeats):
+    for i, (_, fn) in enumerate(settings):
+      runs[i].append(fn())
+  rows, base_tokens = [], runs[0][0][0]
+  for (meta, _), reps in zip(settings, runs):
+    assert all(r[0] == reps[0][0] for r in reps), f"repeats of {meta} gave different tokens"
+    median = lambda i: None if reps[0][i] is None else float(np.median([r[i] for r in reps]))
+    run = (reps[0][0], reps[0][1], median(2), median(3))
+    rows.append(row(b, meta["engine"], meta["model"], meta["policy"], run, prompts, base_tokens,
+                    scorer, meta.get("compact")))
+    rows[-1]["wall_s_repeats"] = [r[2] for r in reps]
+    print(json.dumps(rows[-1]), flush=True)
   for r in rows:
     ref = next(x for x in rows if x["model"] == "base" and x["engine"] == r["engine"])
     r["vs_base"] = r["tokens_per_s"] / ref["tokens_per_s"]
@@ -179,8 +193,10 @@ def main(argv=None):
   parser.add_argument("--asset_dir", default=smollm2.ASSET_DIR)
   parser.add_argument("--policies", default="all,fraction:0.25,fraction:0.5,min_rows:4")
   parser.add_argument("--chunk_steps", type=int, default=8)
-  parser.add_argument("--compare_compact", type=int, default=1,
-                      help="1: run HAMburger with and without micro-step compaction (batch >= 4)")
+  parser.add_argument("--compare_compact", type=int, default=0,
+                      help="1: also run HAMburger with micro-step compaction off (batch >= 4)")
+  parser.add_argument("--repeats", type=int, default=3,
+                      help="timed runs of every setting, in rotation (the median is reported)")
   parser.add_argument("--out", default="docs/batching_speed.json")
   args = parser.parse_args(argv)
   vars(args).update(resolve_knobs(vars(args), smollm2.decode_defaults(args.asset_dir)))
@@ -198,7 +214,7 @@ def main(argv=None):
       "rows": [], "components": component_ms(cfg, params, batch_sizes, cache),
       "max_new_tokens": args.max_new_tokens, "confidence": args.confidence,
       "min_token_prob": args.min_token_prob,
-      "chunk_steps": args.chunk_steps, "prompts": "held-out prompts (standard library and broad), chat template",
+      "chunk_steps": args.chunk_steps, "repeats": args.repeats, "prompts": "held-out prompts (standard library and broad), chat template",
       "device": jax.devices()[0].device_kind, "backend": jax.default_backend(),
       "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, shared",
       "load_average_before": load_before}
