@@ -25,6 +25,9 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from report import positive_ints  # noqa: E402  pylint: disable=import-error
 
 from hamburger_jax.decode import loop as lp  # noqa: E402
 from hamburger_jax.decode import state as ds  # noqa: E402
@@ -118,7 +121,7 @@ def format_table(rows) -> str:
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--batch_sizes", default="8,32")
+  parser.add_argument("--batch_sizes", type=positive_ints, default="8,32")
   parser.add_argument("--repeats", type=int, default=15)
   parser.add_argument("--cache_length", type=int, default=128)
   parser.add_argument("--asset_dir", default=smollm2.ASSET_DIR)
@@ -127,7 +130,7 @@ def main(argv=None):
   cfg, params, _, _ = smollm2.load_shipped(args.asset_dir)
   params = jax.device_put(params)
   rows = []
-  for b in (int(x) for x in args.batch_sizes.split(",")):
+  for b in args.batch_sizes:
     rows += bench(cfg, params, b, args.repeats, args.cache_length)
     print(json.dumps(rows[-1]), flush=True)
   result = {"rows": rows, "repeats": args.repeats, "cache_length": args.cache_length,

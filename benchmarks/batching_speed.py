@@ -35,6 +35,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from report import positive_ints  # noqa: E402  pylint: disable=import-error
 from hamburger_jax.decode import evaluation  # noqa: E402
 from hamburger_jax.decode import loop as lp  # noqa: E402
 from hamburger_jax.decode.batching import ContinuousBatcher, Request  # noqa: E402
@@ -182,7 +183,7 @@ def format_table(result) -> str:
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--batch_sizes", default="1,8,32")
+  parser.add_argument("--batch_sizes", type=positive_ints, default="1,8,32")
   parser.add_argument("--num_prompts", type=int, default=32, help="requests at batch >= 2")
   parser.add_argument("--batch1_prompts", type=int, default=8, help="requests at batch 1")
   parser.add_argument("--max_new_tokens", type=int, default=64)
@@ -200,7 +201,7 @@ def main(argv=None):
   parser.add_argument("--out", default="docs/batching_speed.json")
   args = parser.parse_args(argv)
   vars(args).update(resolve_knobs(vars(args), smollm2.decode_defaults(args.asset_dir)))
-  batch_sizes = [int(x) for x in args.batch_sizes.split(",")]
+  batch_sizes = args.batch_sizes
 
   t0 = time.time()
   load_before = os.getloadavg()

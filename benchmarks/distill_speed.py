@@ -26,7 +26,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from report import markdown_table, write_json  # noqa: E402
+from report import markdown_table, positive_ints, write_json  # noqa: E402
 
 from hamburger_jax.recipes import broad_prompts  # noqa: E402
 from hamburger_jax.recipes.smollm2 import SYSTEM_PROMPT, load_base, write_tokenizer  # noqa: E402
@@ -63,7 +63,7 @@ def run_batch_size(sampler, prompts, batch_size: int, max_new_tokens: int, eos) 
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--batch_sizes", default="1,8,32")
+  parser.add_argument("--batch_sizes", type=positive_ints, default="1,8,32")
   parser.add_argument("--num_prompts", type=int, default=32)
   parser.add_argument("--max_new_tokens", type=int, default=96)
   parser.add_argument("--max_prompt_tokens", type=int, default=128)
@@ -73,9 +73,9 @@ def main(argv=None):
   parser.add_argument("--out", default="docs/distill_speed.json")
   parser.add_argument("--machine", default="", help="a note on the machine, kept in the JSON")
   args = parser.parse_args(argv)
-  batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b]
-  if not batch_sizes or min(batch_sizes) < 1 or args.num_prompts < 1:
-    parser.error("--batch_sizes and --num_prompts must be positive")
+  batch_sizes = args.batch_sizes
+  if args.num_prompts < 1:
+    parser.error("--num_prompts must be positive")
 
   import jax
   from hamburger_jax.text.tokenizer import Tokenizer

@@ -35,6 +35,17 @@ def test_markdown_table():
       "| a | b |", "|---|---|", "| 1 | x |", "| 2.5 | y |"]
 
 
+def test_batch_size_lists_are_checked(capsys):
+  assert report.positive_ints("1,8, 32") == [1, 8, 32]
+  for bad in ("8,x", "0,8", "", "-1"):
+    with pytest.raises(Exception, match="positive integers"):
+      report.positive_ints(bad)
+  import batch_costs  # noqa: E402  pylint: disable=g-import-not-at-top,import-error
+  with pytest.raises(SystemExit):
+    batch_costs.main(["--batch_sizes", "8,x"])
+  assert "--batch_sizes: '8,x' is not a comma-separated list" in capsys.readouterr().err
+
+
 def test_ablation_rejects_bad_counts(capsys):
   with pytest.raises(SystemExit):
     smollm2_ablation.main(["--steps", "0"])
