@@ -1,6 +1,7 @@
 """Benchmark helpers: the ablation summary from metrics.jsonl records, the markdown table, the
 plain token rows behind a packed macro batch."""
 
+import argparse
 import os
 import sys
 
@@ -38,7 +39,7 @@ def test_markdown_table():
 def test_batch_size_lists_are_checked(capsys):
   assert report.positive_ints("1,8, 32") == [1, 8, 32]
   for bad in ("8,x", "0,8", "", "-1"):
-    with pytest.raises(Exception, match="positive integers"):
+    with pytest.raises(argparse.ArgumentTypeError, match="positive integers"):
       report.positive_ints(bad)
   import batch_costs  # noqa: E402  pylint: disable=g-import-not-at-top,import-error
   with pytest.raises(SystemExit):
