@@ -51,6 +51,25 @@ async def _stream(run: Run, fmt: Formatter):
   yield DONE
 
 
+class _RunStream(StreamingResponse):
+  """The SSE response of `run`; cancels `run` however the response ends.
+
+  A client that hangs up ends the response at a `send`, with the body generator suspended;
+  cancelling here does not wait for that generator to be garbage-collected.
+  """
+
+  def __init__(self, run: Run, fmt: Formatter):
+    super().__init__(_stream(run, fmt), media_type="text/event-stream",
+                     headers={"Cache-Control": "no-cache"})
+    self.run = run
+
+  async def __call__(self, scope, receive, send):
+    try:
+      await super().__call__(scope, receive, send)
+    finally:
+      self.run.cancel()
+
+
 async def _complete(request: fastapi.Request, chat: bool):
   service: Service = request.app.state.service
   body = protocol.parse_body(await request.body())
@@ -63,8 +82,7 @@ async def _complete(request: fastapi.Request, chat: bool):
   run = service.start(ids, settings, chat)
   fmt = Formatter(chat, service.model_id)
   if settings.stream:
-    return StreamingResponse(_stream(run, fmt), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache"})
+    return _RunStream(run, fmt)
   return JSONResponse(await _collect(run, fmt))
 
 

@@ -172,5 +172,9 @@ class Run:
         yield Piece(text, list(item.new_tokens), reason,
                     usage(self.prompt_tokens, item.tokens, item.macro_steps))
     finally:
-      if not self.ticket.done:                  # timeout, drain, client gone, stop string
-        self.service.worker.cancel(self.ticket)
+      self.cancel()                             # timeout, drain, stop string, error
+
+  def cancel(self) -> None:
+    """Stops decoding this request if it is still running (any number of calls)."""
+    if not self.ticket.done:
+      self.service.worker.cancel(self.ticket)

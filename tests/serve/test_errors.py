@@ -4,11 +4,18 @@ Retry-After; a request over the timeout is cancelled and answered (408, or an er
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import json
 import time
 
 import httpx2
 import pytest
+from starlette.requests import ClientDisconnect
+
+from hamburger_jax.serve import app as app_module
+from hamburger_jax.serve.responses import Formatter
+from hamburger_jax.serve.service import Piece
 
 from conftest import CACHE_LENGTH, MODEL, GatedEngine, make_engine, serving
 
@@ -142,10 +149,56 @@ def test_client_that_goes_away_is_cancelled(gated):
   engine.delay_s = 0.2
   engine.open()
   body = {"model": MODEL, "prompt": [1, 5], "max_tokens": 60, "confidence": 1.0, "stream": True}
-  with httpx2.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
-    next(line for line in r.iter_lines() if line.startswith("data: "))   # then hang up
-  deadline = time.monotonic() + 30
-  while (server.service.worker.pending or engine.has_work()) and time.monotonic() < deadline:
-    time.sleep(0.05)
+  gc.disable()              # cancelling must not wait for the body generator to be collected
+  try:
+    with httpx2.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
+      next(line for line in r.iter_lines() if line.startswith("data: "))   # then hang up
+    deadline = time.monotonic() + 30
+    while (server.service.worker.pending or engine.has_work()) and time.monotonic() < deadline:
+      time.sleep(0.05)
+  finally:
+    gc.enable()
   assert engine.cancelled == [0]                       # stopped early, not decoded to the end
   assert server.service.worker.pending == 0
+
+
+class _EndlessRun:
+  """A run that never finishes by itself; records cancel()."""
+
+  def __init__(self):
+    self.settings = type("Settings", (), {"include_usage": False})()
+    self.cancels = 0
+
+  async def pieces(self):
+    while True:
+      await asyncio.sleep(0.01)
+      yield Piece("x", [7])
+
+  def cancel(self):
+    self.cancels += 1
+
+
+@pytest.mark.parametrize("spec_version", ["2.3", "2.4"])
+def test_stream_that_loses_its_client_cancels_the_run(spec_version):
+  """ASGI level: the client goes away after two chunks (2.4: send raises; 2.3: a disconnect
+  message); the run is cancelled before the response returns, whatever the generator does."""
+  run = _EndlessRun()
+  response = app_module._RunStream(run, Formatter(False, MODEL))  # pylint: disable=protected-access
+  sent, gone = [], asyncio.Event()
+
+  async def send(message):
+    if gone.is_set():
+      raise OSError("connection lost")
+    sent.append(message)
+    if len(sent) == 3:                   # the headers and two chunks
+      gone.set()
+
+  async def receive():
+    await gone.wait()
+    return {"type": "http.disconnect"}
+
+  scope = {"type": "http", "asgi": {"spec_version": spec_version}}
+  with contextlib.suppress(ClientDisconnect):
+    asyncio.run(asyncio.wait_for(response(scope, receive, send), 10))
+  assert len(sent) == 3 and sent[1]["body"].startswith(b"data: ")
+  assert run.cancels >= 1
