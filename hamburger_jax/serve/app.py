@@ -10,10 +10,11 @@ Retry-After) or shutting down. The engine worker starts and stops with the app's
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 
 import fastapi
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from hamburger_jax.serve import protocol
@@ -34,6 +35,25 @@ async def _collect(run: Run, fmt: Formatter) -> dict:
     if piece.finish_reason is not None:
       return fmt.full("".join(texts), ids, piece.finish_reason, piece.usage)
   raise RuntimeError("The request ended without a finish reason.")
+
+
+_DISCONNECT_POLL_S = 0.5   # how often a non-streamed request checks that its client is still there
+
+
+async def _collect_while_connected(request: fastapi.Request, run: Run, fmt: Formatter):
+  """`_collect`, or None once the client has hung up (the run is cancelled either way)."""
+  collect = asyncio.ensure_future(_collect(run, fmt))
+  try:
+    while True:
+      done, _ = await asyncio.wait({collect}, timeout=_DISCONNECT_POLL_S)
+      if done:
+        return collect.result()
+      if await request.is_disconnected():
+        collect.cancel()
+        return None
+  finally:
+    collect.cancel()
+    run.cancel()
 
 
 async def _stream(run: Run, fmt: Formatter):
@@ -83,7 +103,10 @@ async def _complete(request: fastapi.Request, chat: bool):
   fmt = Formatter(chat, service.model_id)
   if settings.stream:
     return _RunStream(run, fmt)
-  return JSONResponse(await _collect(run, fmt))
+  body = await _collect_while_connected(request, run, fmt)
+  if body is None:                  # nobody is listening; the status is only logged
+    return Response(status_code=499)
+  return JSONResponse(body)
 
 
 def create_app(service: Service) -> fastapi.FastAPI:

@@ -117,7 +117,7 @@ def test_full_queue_is_503_with_retry_after(gated):
 def test_timeout_cancels_and_answers(gated):
   server, engine = gated
   _error(_post(server, "/v1/completions", {"model": MODEL, "prompt": [1, 5], "max_tokens": 40,
-                                            "confidence": 1.0}), 408)
+                                            "confidence": 1.0, "temperature": 0}), 408)
   with httpx2.stream("POST", server.url + "/v1/completions", timeout=60,
                      json={"model": MODEL, "prompt": [1, 5], "stream": True}) as r:
     assert r.status_code == 200
@@ -146,9 +146,11 @@ def test_server_without_tokenizer(tiny_model):
 
 def test_client_that_goes_away_is_cancelled(gated):
   server, engine = gated
+  server.service.request_timeout = 60.0               # only the hang-up can stop it early
   engine.delay_s = 0.2
   engine.open()
-  body = {"model": MODEL, "prompt": [1, 5], "max_tokens": 60, "confidence": 1.0, "stream": True}
+  body = {"model": MODEL, "prompt": [1, 5], "max_tokens": 60, "confidence": 1.0,
+          "temperature": 0, "stream": True}
   gc.disable()              # cancelling must not wait for the body generator to be collected
   try:
     with httpx2.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
@@ -161,6 +163,21 @@ def test_client_that_goes_away_is_cancelled(gated):
   assert engine.cancelled == [0]                       # stopped early, not decoded to the end
   assert server.service.worker.pending == 0
 
+
+def test_client_that_stops_waiting_for_a_whole_answer_is_cancelled(gated):
+  server, engine = gated
+  server.service.request_timeout = 60.0               # only the hang-up can stop it early
+  engine.delay_s = 0.2
+  engine.open()
+  body = {"model": MODEL, "prompt": [1, 5], "max_tokens": 60, "confidence": 1.0,
+          "temperature": 0}
+  with pytest.raises(httpx2.ReadTimeout):                      # the client gives up and hangs up
+    httpx2.post(server.url + "/v1/completions", json=body, timeout=1.0)
+  deadline = time.monotonic() + 30
+  while (server.service.worker.pending or engine.has_work()) and time.monotonic() < deadline:
+    time.sleep(0.05)
+  assert engine.cancelled == [0]                       # stopped early, not decoded to the end
+  assert server.service.worker.pending == 0
 
 class _EndlessRun:
   """A run that never finishes by itself; records cancel()."""
