@@ -144,40 +144,44 @@ def test_server_without_tokenizer(tiny_model):
     assert choice["text"] == " ".join(str(t) for t in choice["token_ids"])
 
 
-def test_client_that_goes_away_is_cancelled(gated):
-  server, engine = gated
+_LONG_GREEDY = {"model": MODEL, "prompt": [1, 5], "max_tokens": 60, "confidence": 1.0,
+                "temperature": 0}       # 60 steps of 0.2 s; greedy, so no sampled end of text
+
+
+def _start_slow_decoding(server, engine) -> None:
   server.service.request_timeout = 60.0               # only the hang-up can stop it early
   engine.delay_s = 0.2
   engine.open()
-  body = {"model": MODEL, "prompt": [1, 5], "max_tokens": 60, "confidence": 1.0,
-          "temperature": 0, "stream": True}
-  gc.disable()              # cancelling must not wait for the body generator to be collected
-  try:
-    with httpx2.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
-      next(line for line in r.iter_lines() if line.startswith("data: "))   # then hang up
-    deadline = time.monotonic() + 30
-    while (server.service.worker.pending or engine.has_work()) and time.monotonic() < deadline:
-      time.sleep(0.05)
-  finally:
-    gc.enable()
-  assert engine.cancelled == [0]                       # stopped early, not decoded to the end
-  assert server.service.worker.pending == 0
 
 
-def test_client_that_stops_waiting_for_a_whole_answer_is_cancelled(gated):
-  server, engine = gated
-  server.service.request_timeout = 60.0               # only the hang-up can stop it early
-  engine.delay_s = 0.2
-  engine.open()
-  body = {"model": MODEL, "prompt": [1, 5], "max_tokens": 60, "confidence": 1.0,
-          "temperature": 0}
-  with pytest.raises(httpx2.ReadTimeout):                      # the client gives up and hangs up
-    httpx2.post(server.url + "/v1/completions", json=body, timeout=1.0)
+def _assert_cancelled_early(server, engine) -> None:
   deadline = time.monotonic() + 30
   while (server.service.worker.pending or engine.has_work()) and time.monotonic() < deadline:
     time.sleep(0.05)
   assert engine.cancelled == [0]                       # stopped early, not decoded to the end
   assert server.service.worker.pending == 0
+
+
+def test_client_that_goes_away_is_cancelled(gated):
+  server, engine = gated
+  _start_slow_decoding(server, engine)
+  gc.disable()              # cancelling must not wait for the body generator to be collected
+  try:
+    with httpx2.stream("POST", server.url + "/v1/completions", json=dict(_LONG_GREEDY, stream=True),
+                       timeout=60) as r:
+      next(line for line in r.iter_lines() if line.startswith("data: "))   # then hang up
+    _assert_cancelled_early(server, engine)
+  finally:
+    gc.enable()
+
+
+def test_client_that_stops_waiting_for_a_whole_answer_is_cancelled(gated):
+  server, engine = gated
+  _start_slow_decoding(server, engine)
+  with pytest.raises(httpx2.ReadTimeout):                      # the client gives up and hangs up
+    httpx2.post(server.url + "/v1/completions", json=_LONG_GREEDY, timeout=1.0)
+  _assert_cancelled_early(server, engine)
+
 
 class _EndlessRun:
   """A run that never finishes by itself; records cancel()."""
