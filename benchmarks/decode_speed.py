@@ -26,6 +26,7 @@ Writes <out_dir>/decode_speed.json and, with matplotlib installed, decode_speed.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
@@ -38,6 +39,9 @@ import numpy as np
 from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from report import positive_ints  # noqa: E402  pylint: disable=import-error
 
 from hamburger_jax.model.config import BASE_PRESETS, HamburgerConfig, get_preset  # noqa: E402
 from hamburger_jax.convert import load_model  # noqa: E402
@@ -70,7 +74,31 @@ SMALL = HamburgerConfig(
 
 
 def _ints(s):
-  return [int(x) for x in s.split(",") if x]
+  return positive_ints(s)
+
+
+def _confidences(s):
+  return [float(x) for x in s.split(",") if x.strip()]
+
+
+def _valid(parse, check=lambda values: True):
+  """-> an absl flag validator: True when `parse` takes the text and `check` holds."""
+  def validate(text):
+    try:
+      return check(parse(text))
+    except (ValueError, argparse.ArgumentTypeError):
+      return False
+  return validate
+
+
+flags.register_validator("batch_sizes", _valid(_ints), "a comma-separated list of positive "
+                         "integers is needed, e.g. --batch_sizes=1,8")
+flags.register_validator("lengths", _valid(_ints), "a comma-separated list of positive "
+                         "integers is needed, e.g. --lengths=64,256")
+flags.register_validator("confidences",
+                         _valid(_confidences, lambda v: bool(v) and all(0 < c <= 1 for c in v)),
+                         "comma-separated confidences in (0, 1] are needed, e.g. "
+                         "--confidences=0.5,0.8")
 
 
 def load_weights():
@@ -206,7 +234,7 @@ def plot(records, path) -> bool:
 def main(argv):
   del argv
   batch_sizes, lengths = _ints(FLAGS.batch_sizes), _ints(FLAGS.lengths)
-  confidences = [float(x) for x in FLAGS.confidences.split(",") if x]
+  confidences = _confidences(FLAGS.confidences)
   repeats = FLAGS.repeats
   if FLAGS.quick:
     lengths, repeats = [n for n in lengths if n <= 256] or [64], min(repeats, 2)

@@ -3,6 +3,7 @@ plain token rows behind a packed macro batch."""
 
 import argparse
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -82,3 +83,16 @@ def test_unmerge_gives_the_plain_rows_and_each_groups_last_token():
       assert tokens[0, last[0, m]] == batch["group_tokens"][0, m, fed[m] - 1]
   with pytest.raises(ValueError, match="plain_length"):
     merged_context.unmerge(batch, 10)
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--batch_sizes=8,x", "--batch_sizes=8,x: a comma-separated list of positive integers"),
+    ("--lengths=0", "--lengths=0: a comma-separated list of positive integers"),
+    ("--confidences=0,0.5", "--confidences=0,0.5: comma-separated confidences in (0, 1]"),
+])
+def test_decode_speed_rejects_bad_lists(flag, message):
+  script = os.path.join(os.path.dirname(report.__file__), "decode_speed.py")
+  proc = subprocess.run([sys.executable, script, flag], capture_output=True, text=True,
+                        timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"), check=False)
+  assert proc.returncode == 1
+  assert message in proc.stderr
