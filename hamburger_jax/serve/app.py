@@ -5,7 +5,8 @@
 Routes: POST /v1/chat/completions, POST /v1/completions (both streamed with "stream": true),
 GET /v1/models, GET /health (200 while serving, 503 while shutting down). Errors are OpenAI error
 objects: 400 bad request, 404 unknown model or route, 408 request timeout, 503 queue full (with
-Retry-After) or shutting down. The engine worker starts and stops with the app's lifespan.
+Retry-After) or shutting down. A request whose client hangs up is cancelled. The engine worker
+starts and stops with the app's lifespan.
 """
 
 from __future__ import annotations
