@@ -73,8 +73,7 @@ SMALL = HamburgerConfig(
     feature_layers=(1, 3, 5))
 
 
-def _ints(s):
-  return positive_ints(s)
+_ints = positive_ints
 
 
 def _confidences(s):

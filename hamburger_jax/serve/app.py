@@ -50,7 +50,6 @@ async def _collect_while_connected(request: fastapi.Request, run: Run, fmt: Form
       if done:
         return collect.result()
       if await request.is_disconnected():
-        collect.cancel()
         return None
   finally:
     collect.cancel()
