@@ -2,15 +2,18 @@
 
     python benchmarks/distill_speed.py                         # batch 1, 8, 32 on 32 prompts
     python benchmarks/distill_speed.py --batch_sizes 32,64 --num_prompts 64
+    python benchmarks/distill_speed.py --engines static,continuous --batch_sizes 16,32
 
 Decodes like the recipe's distill step (hamburger_jax.recipes.smollm2.step_distill): the GGUF
-base in float32, ChatML with SmolLM2's default system prompt, one Sampler with a prefill bucket
-of --max_prompt_tokens, greedy, stopping at EOS or --max_new_tokens. The prompts are a balanced
-pick of hamburger_jax.recipes.broad_prompts, sorted by token length (less padding). Reported per
-batch size: answer tokens (EOS excluded), seconds of prefill and decode loop (compile excluded,
-and reported apart), tokens/s over prefill + decode, and row efficiency: answer tokens / (rows x
-loop steps), the share of the batch's work that was not spent on rows already finished.
-Writes --out (JSON) and prints a table.
+base in float32, ChatML with SmolLM2's default system prompt, prefill buckets of powers of two
+from 32 tokens, greedy, stopping at EOS or --max_new_tokens. The prompts are a balanced pick of
+hamburger_jax.recipes.broad_prompts, sorted by token length (less padding). Engines: `static`
+(a Sampler, batches of batch_size prompts) and `continuous` (a ContinuousBatcher with batch_size
+slots, all prompts in one call: a finished row's slot takes the next prompt at once). Reported
+per engine and batch size: answer tokens (EOS excluded), seconds of prefill and decode loop
+(static; compile excluded, and reported apart), tokens/s over the run without compiles, and
+(static) row efficiency: answer tokens / (rows x loop steps), the share of the batch's work that
+was not spent on rows already finished. Writes --out (JSON) and prints a table.
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ def run_batch_size(sampler, prompts, batch_size: int, max_new_tokens: int, eos) 
     rows += len(chunk)
     prefill_s, decode_s = prefill_s + result.prefill_s, decode_s + result.decode_s
     compile_s += result.compile_s
-  return {"batch_size": batch_size, "prompts": rows, "batches": -(-rows // batch_size),
+  return {"engine": "static", "batch_size": batch_size, "prompts": rows, "batches": -(-rows // batch_size),
           "answer_tokens": tokens, "prefill_s": round(prefill_s, 2),
           "decode_s": round(decode_s, 2), "compile_s": round(compile_s, 2),
           "wall_s": round(time.perf_counter() - t0, 2),
@@ -61,9 +64,34 @@ def run_batch_size(sampler, prompts, batch_size: int, max_new_tokens: int, eos) 
           "row_efficiency": round(tokens / (steps * batch_size), 3)}
 
 
+def run_continuous(cfg, params, prompts, num_slots: int, max_prompt_tokens: int,
+                   max_new_tokens: int, eos) -> dict:
+  from hamburger_jax.decode.batching import ContinuousBatcher, Request
+  batcher = ContinuousBatcher(cfg, params, base=True, num_slots=num_slots,
+                              cache_length=max_prompt_tokens + max_new_tokens,
+                              eos_ids=tuple(eos), min_prompt_bucket=min(32, max_prompt_tokens))
+  t0 = time.perf_counter()
+  done = batcher.generate([Request(prompt_ids=p, max_new_tokens=max_new_tokens) for p in prompts])
+  wall = time.perf_counter() - t0
+  tokens = sum(len([t for t in c.tokens if t not in eos]) for c in done)
+  return {"engine": "continuous", "batch_size": num_slots, "prompts": len(prompts),
+          "answer_tokens": tokens, "compile_s": round(batcher.compile_s, 2),
+          "wall_s": round(wall, 2),
+          "tokens_per_s": round(tokens / (wall - batcher.compile_s), 1)}
+
+
+def _engines(text: str) -> list[str]:
+  names = [n for n in text.split(",") if n]
+  bad = [n for n in names if n not in ("static", "continuous")]
+  if not names or bad:
+    raise argparse.ArgumentTypeError(f"--engines takes static and/or continuous, got {text!r}")
+  return names
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--batch_sizes", type=positive_ints, default="1,8,32")
+  parser.add_argument("--engines", type=_engines, default="static")
   parser.add_argument("--num_prompts", type=int, default=32)
   parser.add_argument("--max_new_tokens", type=int, default=96)
   parser.add_argument("--max_prompt_tokens", type=int, default=128)
@@ -85,11 +113,18 @@ def main(argv=None):
   prompts = encoded_prompts(tok, args.num_prompts, args.max_prompt_tokens)
   cfg, params = load_base()
   sampler = Sampler(cfg, params, cache_length=args.max_prompt_tokens + args.max_new_tokens,
-                    out_length=args.max_new_tokens, min_prompt_bucket=args.max_prompt_tokens)
+                    out_length=args.max_new_tokens,
+                    min_prompt_bucket=min(32, args.max_prompt_tokens))
+  eos = set(cfg.eos_token_ids)
   rows = []
   for b in batch_sizes:
-    rows.append(run_batch_size(sampler, prompts, b, args.max_new_tokens, set(cfg.eos_token_ids)))
-    print(json.dumps(rows[-1]), flush=True)
+    for engine in args.engines:
+      if engine == "static":
+        rows.append(run_batch_size(sampler, prompts, b, args.max_new_tokens, eos))
+      else:
+        rows.append(run_continuous(cfg, params, prompts, b, args.max_prompt_tokens,
+                                   args.max_new_tokens, eos))
+      print(json.dumps(rows[-1]), flush=True)
   report = {
       "benchmark": "distill_speed", "model": "SmolLM2-135M-Instruct (GGUF Q4_1 -> float32)",
       "max_new_tokens": args.max_new_tokens, "max_prompt_tokens": args.max_prompt_tokens,
@@ -98,12 +133,14 @@ def main(argv=None):
                   "cpu_count": os.cpu_count(), "platform": platform.platform(),
                   "processor": platform.processor(), "jax": jax.__version__,
                   "load_average_1_5_15min_at_end": os.getloadavg()},
-      "results": rows, "best_batch_size": max(rows, key=lambda r: r["tokens_per_s"])["batch_size"]}
+      "results": rows}
+  best = max(rows, key=lambda r: r["tokens_per_s"])
+  report["best"] = {"engine": best["engine"], "batch_size": best["batch_size"]}
   os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
   write_json(report, args.out)
-  keys = ("batch_size", "prompts", "answer_tokens", "prefill_s", "decode_s", "compile_s",
-          "tokens_per_s", "row_efficiency")
-  print("\n" + markdown_table(keys, [[r[k] for k in keys] for r in rows]))
+  keys = ("engine", "batch_size", "prompts", "answer_tokens", "prefill_s", "decode_s",
+          "compile_s", "tokens_per_s", "row_efficiency")
+  print("\n" + markdown_table(keys, [[r.get(k, "-") for k in keys] for r in rows]))
   print(f"wrote {args.out}")
 
 

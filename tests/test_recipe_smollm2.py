@@ -1,5 +1,6 @@
-"""The SmolLM2 recipe's training record (what the shipped manifest says about its weights), read
-through the dataset and checkpoint libraries from a real prepared dataset and real checkpoints."""
+"""The SmolLM2 recipe: its training record (what the shipped manifest says about its weights), read
+through the dataset and checkpoint libraries from a real prepared dataset and real checkpoints,
+and its command line's checks."""
 
 import json
 import os
@@ -52,3 +53,12 @@ def test_decode_defaults_from_the_manifest(tmp_path):
                         ("confidence=0", "out of range"), ("min_token_prob=1.5", "out of range")]:
     with pytest.raises(ValueError, match=message):
       smollm2.parse_decode_knobs(text)
+
+
+@pytest.mark.parametrize("flag", ["--batch_size", "--max_new_tokens", "--max_prompt_tokens"])
+def test_sizes_below_one_are_a_one_line_error(tmp_path, capsys, flag):
+  with pytest.raises(SystemExit) as exit_info:
+    smollm2.main(["distill", "--workdir", str(tmp_path), flag, "0"])
+  assert exit_info.value.code == 2
+  assert f"{flag} must be >= 1, got 0" in capsys.readouterr().err
+  assert not os.listdir(tmp_path)                   # nothing was started or written
