@@ -73,8 +73,6 @@ SMALL = HamburgerConfig(
     feature_layers=(1, 3, 5))
 
 
-_ints = positive_ints
-
 
 def _confidences(s):
   return [float(x) for x in s.split(",") if x.strip()]
@@ -90,9 +88,9 @@ def _valid(parse, check=lambda values: True):
   return validate
 
 
-flags.register_validator("batch_sizes", _valid(_ints), "a comma-separated list of positive "
+flags.register_validator("batch_sizes", _valid(positive_ints), "a comma-separated list of positive "
                          "integers is needed, e.g. --batch_sizes=1,8")
-flags.register_validator("lengths", _valid(_ints), "a comma-separated list of positive "
+flags.register_validator("lengths", _valid(positive_ints), "a comma-separated list of positive "
                          "integers is needed, e.g. --lengths=64,256")
 flags.register_validator("confidences",
                          _valid(_confidences, lambda v: bool(v) and all(0 < c <= 1 for c in v)),
@@ -123,7 +121,7 @@ def benchmark_prompts(vocab_size: int, rows: int):
 
 def calibrate_on_decoding(cfg, params, new_tokens: int = 64):
   """Rescales the stop head on the stop logits met while decoding the prompts (see top)."""
-  prompts = benchmark_prompts(cfg.base.vocab_size, max(_ints(FLAGS.batch_sizes)))
+  prompts = benchmark_prompts(cfg.base.vocab_size, max(positive_ints(FLAGS.batch_sizes)))
   for confidence in (1e-6, 0.8):
     sampler = Sampler(cfg, params, cache_length=-(-(FLAGS.prompt_len + new_tokens) // 64) * 64,
                       out_length=new_tokens)
@@ -232,7 +230,7 @@ def plot(records, path) -> bool:
 
 def main(argv):
   del argv
-  batch_sizes, lengths = _ints(FLAGS.batch_sizes), _ints(FLAGS.lengths)
+  batch_sizes, lengths = positive_ints(FLAGS.batch_sizes), positive_ints(FLAGS.lengths)
   confidences = _confidences(FLAGS.confidences)
   repeats = FLAGS.repeats
   if FLAGS.quick:

@@ -31,6 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from report import markdown_table, positive_ints, write_json  # noqa: E402
 
+from hamburger_jax.data.distill import MIN_PROMPT_BUCKET  # noqa: E402
 from hamburger_jax.recipes import broad_prompts  # noqa: E402
 from hamburger_jax.recipes.smollm2 import SYSTEM_PROMPT, load_base, write_tokenizer  # noqa: E402
 
@@ -56,7 +57,8 @@ def run_batch_size(sampler, prompts, batch_size: int, max_new_tokens: int, eos) 
     rows += len(chunk)
     prefill_s, decode_s = prefill_s + result.prefill_s, decode_s + result.decode_s
     compile_s += result.compile_s
-  return {"engine": "static", "batch_size": batch_size, "prompts": rows, "batches": -(-rows // batch_size),
+  return {"engine": "static", "batch_size": batch_size, "prompts": rows,
+          "batches": -(-rows // batch_size),
           "answer_tokens": tokens, "prefill_s": round(prefill_s, 2),
           "decode_s": round(decode_s, 2), "compile_s": round(compile_s, 2),
           "wall_s": round(time.perf_counter() - t0, 2),
@@ -69,7 +71,8 @@ def run_continuous(cfg, params, prompts, num_slots: int, max_prompt_tokens: int,
   from hamburger_jax.decode.batching import ContinuousBatcher, Request
   batcher = ContinuousBatcher(cfg, params, base=True, num_slots=num_slots,
                               cache_length=max_prompt_tokens + max_new_tokens,
-                              eos_ids=tuple(eos), min_prompt_bucket=min(32, max_prompt_tokens))
+                              eos_ids=tuple(eos),
+                              min_prompt_bucket=min(MIN_PROMPT_BUCKET, max_prompt_tokens))
   t0 = time.perf_counter()
   done = batcher.generate([Request(prompt_ids=p, max_new_tokens=max_new_tokens) for p in prompts])
   wall = time.perf_counter() - t0
@@ -114,7 +117,7 @@ def main(argv=None):
   cfg, params = load_base()
   sampler = Sampler(cfg, params, cache_length=args.max_prompt_tokens + args.max_new_tokens,
                     out_length=args.max_new_tokens,
-                    min_prompt_bucket=min(32, args.max_prompt_tokens))
+                    min_prompt_bucket=min(MIN_PROMPT_BUCKET, args.max_prompt_tokens))
   eos = set(cfg.eos_token_ids)
   rows = []
   for b in batch_sizes:

@@ -16,6 +16,8 @@ from hamburger_jax.data.tokenize import TokenizeConfig, TokenizedExample, fit_le
 
 GenerateFn = Callable[[Sequence[Sequence[int]]], Sequence[Sequence[int]]]
 
+MIN_PROMPT_BUCKET = 32    # prefill lengths: powers of two from here up to max_prompt_tokens
+
 
 def self_distill(examples: Iterable[TokenizedExample], generate: GenerateFn, cfg: TokenizeConfig,
                  batch_size: int = 32,
@@ -57,7 +59,8 @@ def sampler_generate(cfg, params, eos_ids: Sequence[int], max_prompt_tokens: int
   size): answers end with their end token when the model stopped, else at max_new_tokens."""
   from hamburger_jax.decode.sampler import Sampler  # pylint: disable=g-import-not-at-top
   sampler = Sampler(cfg, params, base=True, cache_length=max_prompt_tokens + max_new_tokens,
-                    out_length=max_new_tokens, min_prompt_bucket=min(32, max_prompt_tokens),
+                    out_length=max_new_tokens,
+                    min_prompt_bucket=min(MIN_PROMPT_BUCKET, max_prompt_tokens),
                     eos_ids=list(eos_ids))
 
   def generate(prompts: Sequence[Sequence[int]]) -> list[list[int]]:
