@@ -71,7 +71,8 @@ class Scorer:
 
   @property
   def num_traces(self) -> int:
-    """Compiles so far for this model and metric (shared by Scorers): one per bucket."""
+    """Compiles so far for this model and metric (shared by Scorers): one per bucket and row
+    count (`rows(bucket)`, or the power of two >= a bucket's sequences when they are fewer)."""
     return TRACES[(self.model_cfg, self.metric)]
 
   def bucket(self, length: int) -> int:
@@ -91,7 +92,9 @@ class Scorer:
     for i, s in enumerate(seqs):
       by_bucket[self.bucket(len(s))].append(i)
     for b in sorted(by_bucket):
-      idx, rows = by_bucket[b], self.rows(b)
+      idx = by_bucket[b]
+      # A bucket holding few sequences gets fewer rows (a power of two: bounded compiles).
+      rows = min(self.rows(b), 1 << (len(idx) - 1).bit_length())
       for start in range(0, len(idx), rows):
         members = idx[start:start + rows]
         tokens = np.zeros((rows, b), np.int32)

@@ -53,6 +53,7 @@ def test_one_compile_per_bucket(tiny_model):
   rng = np.random.default_rng(1)
   seqs = [rng.integers(0, 50, n).astype(np.int32) for n in (3, 8, 5, 12, 16, 9, 2, 7, 4, 6)]
   batches = []
+  jax.clear_caches()                 # count this test's compiles, not those earlier tests left
   before = scorer.num_traces
   scorer.score(seqs, on_batch=batches.append)
   assert scorer.num_traces - before == 2 and sum(batches) == len(seqs) and len(batches) == 4
@@ -113,3 +114,15 @@ def test_unit_segments_and_stats():
   text = stats.format({"skipped_empty_response": 2})
   assert "tokens per group  1.667" in text and "skipped_empty_response   2" in text
   assert stats.to_dict()["group_size_histogram"] == {"1": 4, "2": 1, "4": 1}
+
+
+def test_few_sequences_use_few_rows(tiny_model):
+  cfg, params = tiny_model
+  scorer = Scorer(cfg, params, buckets=(8,), tokens_per_batch=256)     # 32 rows per full batch
+  rng = np.random.default_rng(2)
+  seqs = [rng.integers(0, 50, n).astype(np.int32) for n in (3, 8, 5)]
+  shapes = [tokens.shape for _, tokens, _ in scorer._batches(seqs)]
+  assert shapes == [(4, 8)], shapes
+  full = Scorer(cfg, params, buckets=(8,), tokens_per_batch=32)          # 4 rows: same shape
+  for a, b in zip(scorer.score(seqs), full.score(seqs)):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
