@@ -14,7 +14,7 @@ Static batching: `Sampler.decode` over consecutive batches of b prompts. Continu
 agreement, base-model NLL of the answers). Component costs at each batch size: one base forward,
 the heads (LM head + stop head) and one micro step without them. HAMburger runs with the
 engines' default micro-step compaction (on CPU: the micro prefill and micro steps on the
-continuing rows only, gathered into a 1/8, 1/4, 1/2 or full row bucket, from 8 rows; the
+continuing rows only, gathered into a power-of-two or full row bucket, from 8 rows; the
 `compact` column); --compare_compact 1 adds the same settings with compaction off. Every
 setting is timed --repeats times, the settings in rotation, and the median wall time is reported.
 Writes JSON (--out) and prints a table.
@@ -145,11 +145,13 @@ def bench_batch(b, cfg, params, prompts, args, scorer):
                     functools.partial(run_static, ham_s, prompts, b, n, confidence=conf,
                                       min_token_prob=trust, micro_policy=policy)),
                    (dict(engine="continuous", **meta), continuous)]
+  engines = args.engines.split(",")
+  settings = [(meta, fn) for meta, fn in settings if meta["engine"] in engines]
   runs = [[] for _ in settings]
   for _ in range(args.repeats):
     for i, (_, fn) in enumerate(settings):
       runs[i].append(fn())
-  rows, base_tokens = [], runs[0][0][0]
+  rows, base_tokens = [], runs[0][0][0]          # the base's greedy answers (either engine)
   for (meta, _), reps in zip(settings, runs):
     assert all(r[0] == reps[0][0] for r in reps), f"repeats of {meta} gave different tokens"
     median = lambda i: None if reps[0][i] is None else float(np.median([r[i] for r in reps]))
@@ -193,6 +195,8 @@ def main(argv=None):
                       help="default: the checkpoint's recommended knob (manifest), else 0")
   parser.add_argument("--asset_dir", default=smollm2.ASSET_DIR)
   parser.add_argument("--policies", default="all,fraction:0.25,fraction:0.5,min_rows:4")
+  parser.add_argument("--engines", default="static,continuous",
+                      help="static, continuous or both (comma-separated)")
   parser.add_argument("--chunk_steps", type=int, default=8)
   parser.add_argument("--compare_compact", type=int, default=0,
                       help="1: also run HAMburger with micro-step compaction off (batch >= 4)")
@@ -200,6 +204,8 @@ def main(argv=None):
                       help="timed runs of every setting, in rotation (the median is reported)")
   parser.add_argument("--out", default="docs/batching_speed.json")
   args = parser.parse_args(argv)
+  if not args.engines or set(args.engines.split(",")) - {"static", "continuous"}:
+    parser.error(f"--engines must name static and/or continuous, got {args.engines!r}")
   vars(args).update(resolve_knobs(vars(args), smollm2.decode_defaults(args.asset_dir)))
   batch_sizes = args.batch_sizes
 

@@ -232,6 +232,8 @@ def test_compacted_micro_steps_give_each_row_the_same_numbers():
   default = small_sampler(0).engine                  # None: compacted from COMPACT_FROM rows
   assert loop_lib.micro_buckets(default, loop_lib.COMPACT_FROM) == (1, 2, 4, 8)
   assert loop_lib.micro_buckets(default, 4) == (4,)
+  assert loop_lib.micro_buckets(compact.engine, 32) == (1, 2, 4, 8, 16, 32)
+  assert loop_lib.micro_buckets(compact.engine, 24) == (1, 2, 4, 8, 16, 24)
   prompts = PROMPTS * 2
   for knobs in (dict(confidence=0.5), dict(confidence=0.3, temperature=1.0, top_k=40, seed=5)):
     a = compact.decode(prompts, max_new_tokens=24, eos_ids=[], **knobs)

@@ -159,3 +159,22 @@ def test_gathered_targets_give_the_same_loss():
   (l_full, m_full), (l_part, m_part) = loss(full), loss(part)
   np.testing.assert_allclose(l_part, l_full, rtol=1e-5)
   assert float(m_part["tokens"]) == float(m_full["tokens"])
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 8, 12, 32])
+def test_decoding_heads_equal_the_training_heads(rows):
+  """The decode-time LM head (a multiply and sum over D at 2-32 rows on CPU) is the same product."""
+  from hamburger_jax.model import layers
+  hidden = jax.random.normal(jax.random.PRNGKey(rows), (rows, CFG.base.hidden_size))
+  train_logits, train_stop = apply(HamburgerModel.heads, hidden)
+  logits, stop = apply(HamburgerModel.heads, hidden, decoding=True)
+  assert logits.shape == (rows, V) and logits.dtype == jnp.float32
+  np.testing.assert_allclose(logits, train_logits, rtol=1e-5, atol=1e-5)
+  np.testing.assert_array_equal(stop, train_stop)
+  table = PARAMS["base"]["embed_tokens"]["embedding"]
+  rowwise = layers.attend_rows(hidden, table)
+  np.testing.assert_allclose(rowwise, hidden @ table.T, rtol=1e-5, atol=1e-5)
+  # bfloat16 keeps the plain dot (a multiply and sum would add in bfloat16).
+  half = layers.attend_rows(hidden.astype(jnp.bfloat16), table.astype(jnp.bfloat16))
+  assert half.dtype == jnp.float32
+  np.testing.assert_allclose(half, hidden @ table.T, rtol=0.05, atol=0.05)

@@ -137,16 +137,16 @@ def micro_buckets(engine: DecodeEngine, batch: int) -> tuple[int, ...]:
   """Row counts a micro step may run at, for a batch bucket of `batch` rows.
 
   With `compact_micro_steps` (batches of 4 rows or more; None: on CPU, from COMPACT_FROM rows)
-  the rows that continue their group are gathered into the smallest bucket that holds them, for
-  the micro prefill and for each micro step, so the micro steps cost what their continuing rows
-  cost, not what the batch costs; a row's numbers do not depend on the bucket.
+  the rows that continue their group are gathered into the smallest bucket that holds them (the
+  powers of two below the batch, and the batch), for the micro prefill and for each micro step,
+  so the micro steps cost what their continuing rows cost, not what the batch costs.
   """
   compact = engine.compact_micro_steps
   if compact is None:
     compact = batch >= COMPACT_FROM and jax.default_backend() == "cpu"
   if not compact or batch < 4:
     return (batch,)
-  return tuple(sorted({max(1, batch // 8), batch // 4, batch // 2, batch}))
+  return tuple(1 << i for i in range(batch.bit_length()) if 1 << i < batch) + (batch,)
 
 
 def _bucket_index(buckets, count):

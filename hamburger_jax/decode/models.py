@@ -45,7 +45,7 @@ class HamburgerDecodeModel:
     return out.features, out.cache
 
   def heads(self, params, hidden):
-    return self._apply(params, hidden, method=HamburgerModel.heads)
+    return self._apply(params, hidden, decoding=True, method=HamburgerModel.heads)
 
   def micro_prefill(self, params, features):
     return self._apply(params, features, method=HamburgerModel.micro_prefill)
@@ -72,7 +72,8 @@ class BaseDecodeModel:
     return out.hidden[:, :, None], out.cache
 
   def heads(self, params, hidden):
-    logits = LlamaModel(self.cfg).apply({"params": params}, hidden, method=LlamaModel.logits)
+    logits = LlamaModel(self.cfg).apply({"params": params}, hidden, decoding=True,
+                                        method=LlamaModel.logits)
     return logits, jnp.zeros(hidden.shape[:1], jnp.float32)
 
   def micro_prefill(self, params, features):

@@ -80,9 +80,10 @@ class HamburgerModel(nn.Module):
                      cache_slots=cache_slots, feature_layers=self.cfg.feature_layers,
                      return_logits=return_logits, layer_hook=self.adapter_hook(group_lengths))
 
-  def heads(self, hidden):
-    """Micro outputs [..., D] -> (logits [..., V], stop logits [...]), both float32."""
-    return self.base.logits(hidden), self.micro_decoder.stop(hidden)
+  def heads(self, hidden, decoding: bool = False):
+    """Micro outputs [..., D] -> (logits [..., V], stop logits [...]), both float32.
+    decoding: hidden is [B, D] of one decode step (`LlamaModel.logits`)."""
+    return self.base.logits(hidden, decoding=decoding), self.micro_decoder.stop(hidden)
 
   # --- decoding ---------------------------------------------------------------------------------
 

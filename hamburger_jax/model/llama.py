@@ -20,7 +20,8 @@ from hamburger_jax.model import partitioning as pt
 from hamburger_jax.model.attention import Attention
 from hamburger_jax.model.config import LlamaConfig
 from hamburger_jax.model.execution import SUBLAYER_INPUT, Execution, remat_policy
-from hamburger_jax.model.layers import RMSNorm, SwiGLU, default_init, dense, logical
+from hamburger_jax.model.layers import (RMSNorm, SwiGLU, attend_rows, default_init, dense,
+                                        logical)
 
 _RESIDUAL = (pt.BATCH, pt.LENGTH, pt.EMBED)
 
@@ -141,9 +142,16 @@ class LlamaModel(nn.Module):
     """tokens [...] int -> embeddings [..., D]."""
     return self.embed_tokens(tokens)
 
-  def logits(self, hidden):
-    """hidden [..., D] -> logits [..., V] in float32 (no norm applied here)."""
+  def logits(self, hidden, *, decoding: bool = False):
+    """hidden [..., D] -> logits [..., V] in float32 (no norm applied here).
+
+    decoding: hidden is [R, D], one position per row; a tied head then takes `attend_rows`'
+    fastest form for R rows (training keeps the plain dot).
+    """
     if self.cfg.tie_word_embeddings:
+      if decoding:
+        dtype = self.cfg.jnp_dtype
+        return attend_rows(hidden.astype(dtype), self.embed_tokens.embedding.astype(dtype))
       out = self.embed_tokens.attend(hidden)
     else:
       out = self.lm_head(hidden)
