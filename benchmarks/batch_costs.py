@@ -4,11 +4,11 @@ and without micro-step compaction (shipped HAMburger-SmolLM2). One run, one mach
     python benchmarks/batch_costs.py                          # B = 8 and 32
     python benchmarks/batch_costs.py --batch_sizes 8 --repeats 10
 
-For each batch size B and each number k of continuing rows (the compaction buckets B/8, B/4,
-B/2, B): the micro prefill plus one micro step with its heads, as the decode loop runs them
-(`loop._micro_prefill_rows`, `loop._micro_step_rows`), on all B rows (compaction off) and on the
-k rows gathered (on); beside them one base forward plus heads at B rows (the rest of a macro
-step). Settings are timed in rotation, `--repeats` rounds, and the median is reported, so a slow
+For each batch size B and each number k of continuing rows (the compaction buckets: the powers
+of two below B, and B): the micro prefill plus one micro step with its heads, as the decode loop
+runs them (`loop._micro_prefill_rows`, `loop._micro_step_rows`), on all B rows (compaction off)
+and on the k rows gathered (on); beside them one base forward plus heads at B rows (the rest of
+a macro step). Settings are timed in rotation, `--repeats` rounds, and the median is reported, so a slow
 phase of a shared machine hits every setting alike. Writes JSON (--out) and prints a table.
 """
 

@@ -96,3 +96,21 @@ def test_decode_speed_rejects_bad_lists(flag, message):
                         timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"), check=False)
   assert proc.returncode == 1
   assert message in proc.stderr
+
+
+def test_few_rows_head_benchmark_reports_both_forms(tmp_path):
+  import few_rows_head  # noqa: E402  pylint: disable=g-import-not-at-top,import-error
+  out = tmp_path / "head.json"
+  result = few_rows_head.main(["--rows", "1,2,8", "--vocab", "512", "--hidden", "64",
+                               "--repeats", "2", "--out", str(out)])
+  assert out.exists() and [r["rows"] for r in result["rows"]] == [1, 2, 8]
+  assert [r["multiply_and_sum"] for r in result["rows"]] == [False, True, True]
+  assert all(r["dot_ms"] > 0 and r["attend_rows_ms"] > 0 for r in result["rows"])
+  assert max(r["max_abs_diff"] for r in result["rows"]) < 1e-4
+
+
+def test_batching_speed_rejects_an_unknown_engine(capsys):
+  import batching_speed  # noqa: E402  pylint: disable=g-import-not-at-top,import-error
+  with pytest.raises(SystemExit):
+    batching_speed.main(["--engines", "static,paged"])
+  assert "--engines must name static and/or continuous" in capsys.readouterr().err
