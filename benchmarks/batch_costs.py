@@ -16,7 +16,6 @@ import argparse
 import functools
 import json
 import os
-import platform
 import sys
 import time
 
@@ -27,7 +26,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from report import positive_ints  # noqa: E402  pylint: disable=import-error
+from report import machine, positive_ints  # noqa: E402  pylint: disable=import-error
 
 from hamburger_jax.decode import loop as lp  # noqa: E402
 from hamburger_jax.decode import state as ds  # noqa: E402
@@ -135,7 +134,7 @@ def main(argv=None):
     print(json.dumps(rows[-1]), flush=True)
   result = {"rows": rows, "repeats": args.repeats, "cache_length": args.cache_length,
             "device": jax.devices()[0].device_kind, "backend": jax.default_backend(),
-            "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+            "machine": machine(),
             "load_average": os.getloadavg()}
   if args.out:
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)

@@ -7,6 +7,10 @@ per micro-step policy, with the quality cost of policies that cut groups. One ru
 Prompts: held-out standard-library prompts (chat template), greedy, no EOS (every answer has
 exactly --max_new_tokens tokens, so every setting decodes the same number of tokens); HAMburger
 decodes with the checkpoint's recommended confidence / min_token_prob unless they are given.
+With --length_spread S (continuous only) request i decodes its own length, --max_new_tokens x
+(1 + u_i), u_i uniform in [-S, S] with a fixed seed, the same for every model: rows then finish
+at different macro steps for the base too, as in a server (with one length for all, the base's
+rows finish together and refill in waves).
 Static batching: `Sampler.decode` over consecutive batches of b prompts. Continuous batching:
 `ContinuousBatcher` with b slots fed all prompts. Reported per setting: tokens/s end to end
 (prefill + decode wall time, compile excluded by a warm-up pass), static decode-only tokens/s
@@ -24,7 +28,6 @@ import argparse
 import functools
 import json
 import os
-import platform
 import sys
 import time
 
@@ -35,7 +38,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from report import positive_ints  # noqa: E402  pylint: disable=import-error
+from report import machine, positive_ints  # noqa: E402  pylint: disable=import-error
 from hamburger_jax.decode import evaluation  # noqa: E402
 from hamburger_jax.decode import loop as lp  # noqa: E402
 from hamburger_jax.decode.batching import ContinuousBatcher, Request  # noqa: E402
@@ -88,13 +91,24 @@ def run_static(sampler, prompts, b, n, **knobs):
           sum(r.decode_s for r in runs))
 
 
+def request_lengths(num, n, spread, seed=0):
+  """max_new_tokens of `num` requests: all n (spread 0), else drawn uniformly from
+  [n (1 - spread), n (1 + spread)] with a fixed seed (the same for every model and engine)."""
+  if not spread:
+    return [n] * num
+  u = np.random.default_rng(seed).uniform(-spread, spread, num)
+  return [max(1, int(round(n * (1 + x)))) for x in u]
+
+
 def run_continuous(batcher, prompts, n, confidence, min_token_prob=0.0):
-  """-> (token lists, macro steps, wall s, None); a 1-token pass compiles first."""
+  """n: max_new_tokens, one for all or a list (one per prompt).
+  -> (token lists, macro steps, wall s, None); a 1-token pass compiles first."""
   buckets = {batcher.prompt_bucket(len(p)): p for p in prompts}             # each bucket once
   knobs = dict(confidence=confidence, min_token_prob=min_token_prob)
   batcher.generate([Request(p, 1, **knobs) for p in buckets.values()])
+  lengths = n if isinstance(n, list) else [n] * len(prompts)
   t0 = time.perf_counter()
-  done = batcher.generate([Request(p, n, **knobs) for p in prompts])
+  done = batcher.generate([Request(p, m, **knobs) for p, m in zip(prompts, lengths)])
   wall = time.perf_counter() - t0
   return [c.tokens for c in done], [c.macro_steps for c in done], wall, None
 
@@ -118,7 +132,8 @@ def bench_batch(b, cfg, params, prompts, args, scorer):
   settings in rotation (a slow phase of a shared machine hits them alike); its wall time is the
   median (greedy: every repeat gives the same tokens, checked)."""
   n, conf, trust = args.max_new_tokens, args.confidence, args.min_token_prob
-  cache = max(len(p) for p in prompts) + n + 1
+  lengths = request_lengths(len(prompts), n, args.length_spread)
+  cache = max(len(p) for p in prompts) + max(lengths) + 1
   kw = dict(cache_length=cache, out_length=n)
   ckw = dict(num_slots=b, cache_length=cache, chunk_steps=args.chunk_steps, eos_ids=(-1,))
   base_s = Sampler(cfg, params, base=True, **kw)
@@ -126,7 +141,7 @@ def bench_batch(b, cfg, params, prompts, args, scorer):
   settings = [(dict(engine="static", model="base", policy=None),
                lambda: run_static(base_s, prompts, b, n)),
               (dict(engine="continuous", model="base", policy=None),
-               lambda: run_continuous(base_c, prompts, n, 1.0))]
+               lambda: run_continuous(base_c, prompts, lengths, 1.0))]
   compacts = [None] + ([False] if args.compare_compact and b >= 4 else [])
   for compact in compacts:          # None: the engines' default (on CPU: compacted from 8 rows)
     ham_s = Sampler(cfg, params, compact_micro_steps=compact, **kw)
@@ -139,7 +154,7 @@ def bench_batch(b, cfg, params, prompts, args, scorer):
 
       def continuous(batcher=ham_c, policy=policy):
         batcher.set_micro_policy(policy)
-        return run_continuous(batcher, prompts, n, conf, trust)
+        return run_continuous(batcher, prompts, lengths, conf, trust)
 
       settings += [(dict(engine="static", **meta),
                     functools.partial(run_static, ham_s, prompts, b, n, confidence=conf,
@@ -198,6 +213,10 @@ def main(argv=None):
   parser.add_argument("--engines", default="static,continuous",
                       help="static, continuous or both (comma-separated)")
   parser.add_argument("--chunk_steps", type=int, default=8)
+  parser.add_argument("--length_spread", type=float, default=0.0,
+                      help="continuous only: request i decodes max_new_tokens x (1 + u_i), u_i "
+                           "uniform in [-spread, spread] (fixed seed), so rows finish at "
+                           "different steps as in a server; 0: every request the same length")
   parser.add_argument("--compare_compact", type=int, default=0,
                       help="1: also run HAMburger with micro-step compaction off (batch >= 4)")
   parser.add_argument("--repeats", type=int, default=3,
@@ -206,6 +225,10 @@ def main(argv=None):
   args = parser.parse_args(argv)
   if not args.engines or set(args.engines.split(",")) - {"static", "continuous"}:
     parser.error(f"--engines must name static and/or continuous, got {args.engines!r}")
+  if not 0 <= args.length_spread < 1:
+    parser.error(f"--length_spread must be in [0, 1), got {args.length_spread}")
+  if args.length_spread and "static" in args.engines.split(","):
+    parser.error("--length_spread needs --engines continuous (a static batch decodes one length)")
   vars(args).update(resolve_knobs(vars(args), smollm2.decode_defaults(args.asset_dir)))
   batch_sizes = args.batch_sizes
 
@@ -216,14 +239,15 @@ def main(argv=None):
   items = heldout_prompts(max(args.num_prompts, args.batch1_prompts))
   all_prompts = [tok.encode(p["prompt"], chat=True, system=smollm2.SYSTEM_PROMPT) for p in items]
   scorer = evaluation.BaseScorer(base_cfg, params["base"])
-  cache = max(len(p) for p in all_prompts) + args.max_new_tokens + 1
+  cache = max(len(p) for p in all_prompts) + int(args.max_new_tokens * (1 + args.length_spread)) + 2
   result = {
       "rows": [], "components": component_ms(cfg, params, batch_sizes, cache),
-      "max_new_tokens": args.max_new_tokens, "confidence": args.confidence,
+      "max_new_tokens": args.max_new_tokens, "length_spread": args.length_spread,
+      "confidence": args.confidence,
       "min_token_prob": args.min_token_prob,
       "chunk_steps": args.chunk_steps, "repeats": args.repeats, "prompts": "held-out prompts (standard library and broad), chat template",
       "device": jax.devices()[0].device_kind, "backend": jax.default_backend(),
-      "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, shared",
+      "machine": machine() + ", shared",
       "load_average_before": load_before}
   for b in batch_sizes:                  # the JSON is rewritten after every batch size
     prompts = all_prompts[:args.batch1_prompts if b == 1 else args.num_prompts]

@@ -11,7 +11,6 @@ between the two forms' logits.
 
 import argparse
 import os
-import platform
 import sys
 import time
 
@@ -22,7 +21,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from report import markdown_table, positive_ints, write_json  # noqa: E402  pylint: disable=import-error
+from report import machine, markdown_table, positive_ints, write_json  # noqa: E402  pylint: disable=import-error
 from hamburger_jax.model import layers  # noqa: E402
 
 
@@ -58,7 +57,7 @@ def main(argv=None):
                  "multiply_and_sum": r in layers.FEW_ROWS, "max_abs_diff": diff})
   result = {"rows": rows, "vocab": args.vocab, "hidden": args.hidden, "repeats": args.repeats,
             "backend": jax.default_backend(),
-            "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+            "machine": machine(),
             "load_average": os.getloadavg()}
   write_json(result, args.out)
   print(markdown_table(

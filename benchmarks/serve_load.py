@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import platform
 import signal
 import socket
 import subprocess
@@ -37,7 +36,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from report import markdown_table, write_json  # noqa: E402  pylint: disable=import-error
+from report import machine, markdown_table, write_json  # noqa: E402  pylint: disable=import-error
 from hamburger_jax.decode import cli as decode_cli  # noqa: E402
 from hamburger_jax.decode.sampler import Sampler  # noqa: E402
 from hamburger_jax.model.config import HamburgerConfig  # noqa: E402
@@ -236,7 +235,7 @@ def main(argv=None) -> int:
     if serial is not None:
       r["throughput_vs_serial"] = r["tokens_per_s"] / serial["tokens_per_s"]
   import jax  # pylint: disable=g-import-not-at-top
-  result = {"machine": f"{platform.platform()}; {os.cpu_count()} CPU cores; device "
+  result = {"machine": f"{machine()}; device "
                        f"{jax.devices()[0].device_kind}", "ckpt": args.ckpt,
             "settings": {k: v for k, v in vars(args).items() if k != "out_dir"}, "engines": rows}
   print(_table(rows))

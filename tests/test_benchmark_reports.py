@@ -37,6 +37,19 @@ def test_markdown_table():
       "| a | b |", "|---|---|", "| 1 | x |", "| 2.5 | y |"]
 
 
+def test_machine_line_names_the_cpu_model_and_cores(tmp_path, monkeypatch):
+  cpuinfo = tmp_path / "cpuinfo"
+  cpuinfo.write_text("processor\t: 0\nmodel name\t: Example CPU 9000\nflags\t: avx2\n")
+  real_open = open
+  monkeypatch.setattr("builtins.open",
+                      lambda path, *a, **k: real_open(cpuinfo if path == "/proc/cpuinfo" else path,
+                                                      *a, **k))
+  assert report.cpu_model() == "Example CPU 9000"
+  assert report.machine() == f"Example CPU 9000, {os.cpu_count()} cores"
+  monkeypatch.setattr("builtins.open", lambda *a, **k: (_ for _ in ()).throw(OSError("none")))
+  assert report.cpu_model()                     # falls back to the platform's architecture
+
+
 def test_batch_size_lists_are_checked(capsys):
   assert report.positive_ints("1,8, 32") == [1, 8, 32]
   for bad in ("8,x", "0,8", "", "-1"):
@@ -114,3 +127,23 @@ def test_batching_speed_rejects_an_unknown_engine(capsys):
   with pytest.raises(SystemExit):
     batching_speed.main(["--engines", "static,paged"])
   assert "--engines must name static and/or continuous" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--engines", "continuous", "--length_spread", "1.5"], "--length_spread must be in [0, 1)"),
+    (["--engines", "static,continuous", "--length_spread", "0.5"],
+     "--length_spread needs --engines continuous")])
+def test_batching_speed_rejects_a_bad_length_spread(capsys, argv, message):
+  import batching_speed  # noqa: E402  pylint: disable=g-import-not-at-top,import-error
+  with pytest.raises(SystemExit):
+    batching_speed.main(argv)
+  assert message in capsys.readouterr().err
+
+
+def test_request_lengths_spread_around_max_new_tokens_with_a_fixed_seed():
+  import batching_speed  # noqa: E402  pylint: disable=g-import-not-at-top,import-error
+  assert batching_speed.request_lengths(5, 48, 0.0) == [48] * 5
+  lengths = batching_speed.request_lengths(200, 48, 0.5)
+  assert lengths == batching_speed.request_lengths(200, 48, 0.5)        # same for every model
+  assert min(lengths) >= 24 and max(lengths) <= 72 and len(set(lengths)) > 20
+  assert abs(np.mean(lengths) - 48) < 3
