@@ -100,13 +100,12 @@ def request_lengths(num, n, spread, seed=0):
   return [max(1, int(round(n * (1 + x)))) for x in u]
 
 
-def run_continuous(batcher, prompts, n, confidence, min_token_prob=0.0):
-  """n: max_new_tokens, one for all or a list (one per prompt).
-  -> (token lists, macro steps, wall s, None); a 1-token pass compiles first."""
+def run_continuous(batcher, prompts, lengths, confidence, min_token_prob=0.0):
+  """lengths: max_new_tokens per prompt -> (token lists, macro steps, wall s, None); a 1-token
+  pass compiles first."""
   buckets = {batcher.prompt_bucket(len(p)): p for p in prompts}             # each bucket once
   knobs = dict(confidence=confidence, min_token_prob=min_token_prob)
   batcher.generate([Request(p, 1, **knobs) for p in buckets.values()])
-  lengths = n if isinstance(n, list) else [n] * len(prompts)
   t0 = time.perf_counter()
   done = batcher.generate([Request(p, m, **knobs) for p, m in zip(prompts, lengths)])
   wall = time.perf_counter() - t0
@@ -239,7 +238,8 @@ def main(argv=None):
   items = heldout_prompts(max(args.num_prompts, args.batch1_prompts))
   all_prompts = [tok.encode(p["prompt"], chat=True, system=smollm2.SYSTEM_PROMPT) for p in items]
   scorer = evaluation.BaseScorer(base_cfg, params["base"])
-  cache = max(len(p) for p in all_prompts) + int(args.max_new_tokens * (1 + args.length_spread)) + 2
+  cache = max(len(p) for p in all_prompts) + max(
+      request_lengths(len(all_prompts), args.max_new_tokens, args.length_spread)) + 1
   result = {
       "rows": [], "components": component_ms(cfg, params, batch_sizes, cache),
       "max_new_tokens": args.max_new_tokens, "length_spread": args.length_spread,

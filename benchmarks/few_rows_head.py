@@ -56,8 +56,7 @@ def main(argv=None):
     rows.append({"rows": r, "dot_ms": d, "attend_rows_ms": a, "speedup": d / a,
                  "multiply_and_sum": r in layers.FEW_ROWS, "max_abs_diff": diff})
   result = {"rows": rows, "vocab": args.vocab, "hidden": args.hidden, "repeats": args.repeats,
-            "backend": jax.default_backend(),
-            "machine": machine(),
+            "backend": jax.default_backend(), "machine": machine(),
             "load_average": os.getloadavg()}
   write_json(result, args.out)
   print(markdown_table(

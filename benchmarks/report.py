@@ -37,7 +37,7 @@ def positive_ints(text: str) -> list[int]:
 
 
 def cpu_model() -> str:
-  """The CPU's model name ("AMD EPYC 7B13", "Intel(R) Xeon(R) Processor"), else the architecture.
+  """The CPU's model name (e.g. "Intel(R) Xeon(R) Processor"), else the architecture.
 
   Figures on two 2-core x86 CPUs differ by up to 2.6x, and which of two equivalent kernels is
   faster can flip between them, so every benchmark JSON names the CPU.
