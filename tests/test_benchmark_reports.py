@@ -147,3 +147,30 @@ def test_request_lengths_spread_around_max_new_tokens_with_a_fixed_seed():
   assert lengths == batching_speed.request_lengths(200, 48, 0.5)        # same for every model
   assert min(lengths) >= 24 and max(lengths) <= 72 and len(set(lengths)) > 20
   assert abs(np.mean(lengths) - 48) < 3
+
+
+def test_macro_step_costs_times_every_setting_on_rows_that_keep_running():
+  import macro_step_costs  # noqa: E402  pylint: disable=g-import-not-at-top,import-error
+  from test_merge_adapter import adapted_model  # pylint: disable=g-import-not-at-top
+  cfg, params = adapted_model(0)
+  prompts = [[1, 17, 33, 250, 4], [1, 9, 3, 120, 77, 5]]
+  rows = macro_step_costs.bench(cfg, params, prompts, 2, repeats=3, chunk_steps=3,
+                                defaults={"confidence": 0.2, "min_token_prob": 0.0})
+  by_name = {r["setting"]: r for r in rows}
+  assert list(by_name) == list(macro_step_costs.settings({"confidence": 0.2,
+                                                           "min_token_prob": 0.0}))
+  assert all(r["ms_per_macro_step"] > 0 and len(r["ms_all_repeats"]) == 3 for r in rows)
+  for name, r in by_name.items():        # base and confidence 1: one token per row per step
+    assert (r["tokens_per_row_step"] == 1.0) == ("defaults" not in name)
+  assert by_name["base"]["tokens_per_s_vs_base"] == 1.0
+  skip, always = (by_name[f"hamburger defaults, adapter {k}"]["tokens_per_row_step"]
+                  for k in ("skipped when unmerged", "always"))
+  assert skip == always > 1.0             # the same groups either way
+  assert "| rows B |" in macro_step_costs.format_table(rows)
+
+
+def test_macro_step_costs_rejects_bad_counts(capsys):
+  import macro_step_costs  # noqa: E402  pylint: disable=g-import-not-at-top,import-error
+  with pytest.raises(SystemExit):
+    macro_step_costs.main(["--repeats", "0"])
+  assert "--repeats, --chunk_steps and --num_prompts must be >= 1" in capsys.readouterr().err

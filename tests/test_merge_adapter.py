@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hamburger_jax.convert.native import load_hamburger, save_hamburger
+from hamburger_jax.decode import loop as loop_lib
 from hamburger_jax.decode.batching import ContinuousBatcher, Request
 from hamburger_jax.decode.sampler import Sampler
 from hamburger_jax.model.batch import make_batch
@@ -125,3 +126,27 @@ def test_export_round_trip_and_a_fresh_adapter_on_an_older_checkpoint(tmp_path):
   assert new_cfg.merge_adapter_rank == RANK and "merge_adapter" not in loaded
   new_cfg, _ = checkpoints.load_pretrained(str(tmp_path / "plain"), plain_cfg, "hamburger")
   assert new_cfg.merge_adapter_rank == 0
+
+
+
+def test_skipping_the_adapter_when_nothing_is_merged_gives_the_same_numbers():
+  """On CPU a forward with no merged input skips the adapter; rows of one batch still mix
+  merged and unmerged macro steps, and every prefill is unmerged."""
+  cfg, params = adapted_model(0)
+  kw = dict(cache_length=32, out_length=20)
+  skip = Sampler(cfg, params, skip_unmerged_adapter=True, **kw)
+  full = Sampler(cfg, params, skip_unmerged_adapter=False, **kw)
+  assert loop_lib.skips_unmerged_adapter(skip.engine)
+  assert not loop_lib.skips_unmerged_adapter(full.engine)
+  assert loop_lib.skips_unmerged_adapter(Sampler(cfg, params, **kw).engine)   # None: on CPU
+  merged = []                       # per macro step of the single-row runs: was its input merged
+  for prompts in (PROMPTS[:1], PROMPTS):
+    for confidence in (0.2, 0.6):
+      a = skip.decode(prompts, max_new_tokens=20, confidence=confidence, eos_ids=[])
+      b = full.decode(prompts, max_new_tokens=20, confidence=confidence, eos_ids=[])
+      assert a.tokens == b.tokens and a.group_sizes == b.group_sizes
+      for row in range(len(prompts)):
+        np.testing.assert_allclose(a.logits[row], b.logits[row], atol=1e-5)
+      if len(prompts) == 1:
+        merged += [s > 1 for s in a.group_sizes[0][:-1]]
+  assert any(merged) and not all(merged)          # both branches ran

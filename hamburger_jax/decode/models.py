@@ -3,6 +3,7 @@
     model, params = decode_model(cfg, params, base=False)
     features, cache = model.forward(params, groups [B, T, S], lengths [B, T], positions [B, T],
                                     cache, slots [B])             # features [B, T, F, D]
+    (forward(.., skip_unmerged_adapter=True): no merge-adapter work when no input is merged)
     logits, stop = model.heads(params, hidden [B, D])             # [B, V], [B] float32
     micro = model.micro_prefill(params, features [B, F, D])       # fresh micro KV cache
     out, micro = model.micro_step(params, prev_tokens [B], j, micro)   # j >= 1, out [B, D]
@@ -39,8 +40,10 @@ class HamburgerDecodeModel:
   def _apply(self, params, *args, method, **kwargs):
     return HamburgerModel(self.cfg).apply({"params": params}, *args, method=method, **kwargs)
 
-  def forward(self, params, group_tokens, group_len, positions, cache, slots):
+  def forward(self, params, group_tokens, group_len, positions, cache, slots,
+              skip_unmerged_adapter: bool = False):
     out = self._apply(params, group_tokens, group_len, positions, cache=cache, cache_slots=slots,
+                      skip_unmerged_adapter=skip_unmerged_adapter,
                       method=HamburgerModel.base_forward)
     return out.features, out.cache
 
@@ -64,8 +67,9 @@ class BaseDecodeModel:
   def llama(self) -> LlamaConfig:
     return self.cfg
 
-  def forward(self, params, group_tokens, group_len, positions, cache, slots):
-    del group_len                                           # always 1
+  def forward(self, params, group_tokens, group_len, positions, cache, slots,
+              skip_unmerged_adapter: bool = False):
+    del group_len, skip_unmerged_adapter                    # always 1; no adapter
     out = LlamaModel(self.cfg).apply({"params": params}, group_tokens[..., 0],
                                      positions=positions, cache=cache, cache_slots=slots,
                                      return_logits=False)

@@ -65,20 +65,24 @@ class HamburgerModel(nn.Module):
     """group_tokens [..., S], group_lengths [...] -> merged input embeddings [..., D]."""
     return self.embedder(self.base.embed(group_tokens), group_lengths)
 
-  def adapter_hook(self, group_lengths):
-    """The base layers' hook for inputs of these group lengths [B, T] (None without adapter)."""
+  def adapter_hook(self, group_lengths, skip_unmerged: bool = False):
+    """The base layers' hook for inputs of these group lengths [B, T] (None without adapter);
+    skip_unmerged: see `MergeAdapter.__call__`."""
     if self.merge_adapter is None:
       return None
     merged = group_lengths > 1
-    return lambda i, x_in, x_out: self.merge_adapter(i, x_in, x_out, merged)
+    return lambda i, x_in, x_out: self.merge_adapter(i, x_in, x_out, merged, skip_unmerged)
 
   def base_forward(self, group_tokens, group_lengths, positions, segment_ids=None, cache=None,
-                   cache_slots=None, return_logits: bool = False) -> LlamaOutput:
-    """Base model over merged inputs [B, T, S] (+ lengths [B, T]); features [B, T, F, D]."""
+                   cache_slots=None, return_logits: bool = False,
+                   skip_unmerged_adapter: bool = False) -> LlamaOutput:
+    """Base model over merged inputs [B, T, S] (+ lengths [B, T]); features [B, T, F, D].
+    skip_unmerged_adapter: the merge adapter computes nothing when no input is merged."""
     x = self.embed_groups(group_tokens, group_lengths)
     return self.base(embeddings=x, positions=positions, segment_ids=segment_ids, cache=cache,
                      cache_slots=cache_slots, feature_layers=self.cfg.feature_layers,
-                     return_logits=return_logits, layer_hook=self.adapter_hook(group_lengths))
+                     return_logits=return_logits,
+                     layer_hook=self.adapter_hook(group_lengths, skip_unmerged_adapter))
 
   def heads(self, hidden, decoding: bool = False):
     """Micro outputs [..., D] -> (logits [..., V], stop logits [...]), both float32.

@@ -41,7 +41,17 @@ class MergeAdapter(nn.Module):
     self.layers = [AdapterLayer(self.cfg, name=f"layers_{i}")
                    for i in range(self.cfg.base.num_layers)]
 
-  def __call__(self, i: int, x_in, x_out, merged):
-    """Layer i's output x_out [B, T, D] plus the delta where merged [B, T] (bool) is set."""
-    delta = self.layers[i](x_in)
-    return jnp.where(merged[..., None], x_out + delta.astype(x_out.dtype), x_out)
+  def __call__(self, i: int, x_in, x_out, merged, skip_unmerged: bool = False):
+    """Layer i's output x_out [B, T, D] plus the delta where merged [B, T] (bool) is set.
+
+    skip_unmerged (static): compute nothing when no input is merged (a branch; the same result).
+    """
+    if not skip_unmerged:
+      return _add_delta(self.layers[i], x_in, x_out, merged)
+    return nn.cond(jnp.any(merged), _add_delta, lambda _, x_in, x_out, merged: x_out,
+                   self.layers[i], x_in, x_out, merged)
+
+
+def _add_delta(layer, x_in, x_out, merged):
+  delta = layer(x_in)
+  return jnp.where(merged[..., None], x_out + delta.astype(x_out.dtype), x_out)
