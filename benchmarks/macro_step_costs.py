@@ -33,7 +33,7 @@ NEVER = -1        # an EOS id no token has: rows run until the chunk ends
 
 
 def settings(defaults: dict):
-  """name -> (base, confidence, min_token_prob, skip_unmerged_adapter)."""
+  """name -> (base, confidence, min_token_prob, skip_unmerged)."""
   conf, mtp = defaults["confidence"], defaults["min_token_prob"]
   return {"base": (True, 1.0, 0.0, None),
           "hamburger confidence 1, adapter skipped when unmerged": (False, 1.0, 0.0, True),
@@ -51,7 +51,7 @@ def bench(cfg, params, prompts, b: int, repeats: int, chunk_steps: int, defaults
   cache_length = max(map(len, prompts)) + 2 * chunk_steps + 1
   runs = {name: ContinuousBatcher(cfg, params, base=base, num_slots=b, cache_length=cache_length,
                                   chunk_steps=chunk_steps, eos_ids=(NEVER,),
-                                  skip_unmerged_adapter=skip)
+                                  skip_unmerged=skip)
           for name, (base, _, _, skip) in settings(defaults).items()}
   running = {name: [] for name in runs}
   ms = {name: [] for name in runs}

@@ -129,16 +129,16 @@ def test_export_round_trip_and_a_fresh_adapter_on_an_older_checkpoint(tmp_path):
 
 
 
-def test_skipping_the_adapter_when_nothing_is_merged_gives_the_same_numbers():
-  """On CPU a forward with no merged input skips the adapter; rows of one batch still mix
-  merged and unmerged macro steps, and every prefill is unmerged."""
+def test_skipping_merge_work_when_nothing_is_merged_gives_the_same_numbers():
+  """On CPU a forward with no merged input skips the embedder's merge and the adapter; rows of
+  one batch still mix merged and unmerged macro steps, and every prefill is unmerged."""
   cfg, params = adapted_model(0)
   kw = dict(cache_length=32, out_length=20)
-  skip = Sampler(cfg, params, skip_unmerged_adapter=True, **kw)
-  full = Sampler(cfg, params, skip_unmerged_adapter=False, **kw)
-  assert loop_lib.skips_unmerged_adapter(skip.engine)
-  assert not loop_lib.skips_unmerged_adapter(full.engine)
-  assert loop_lib.skips_unmerged_adapter(Sampler(cfg, params, **kw).engine)   # None: on CPU
+  skip = Sampler(cfg, params, skip_unmerged=True, **kw)
+  full = Sampler(cfg, params, skip_unmerged=False, **kw)
+  assert loop_lib.skips_unmerged(skip.engine)
+  assert not loop_lib.skips_unmerged(full.engine)
+  assert loop_lib.skips_unmerged(Sampler(cfg, params, **kw).engine)   # None: on CPU
   merged = []                       # per macro step of the single-row runs: was its input merged
   for prompts in (PROMPTS[:1], PROMPTS):
     for confidence in (0.2, 0.6):

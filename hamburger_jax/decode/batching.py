@@ -100,8 +100,8 @@ class ContinuousBatcher:
   config's. micro_policy: "all" (each request decodes exactly as alone), "min_rows:K" or
   "fraction:F" (see `state.MicroPolicy`). compact_micro_steps: micro steps run on the rows
   that continue, gathered into a smaller row bucket (`loop.micro_buckets`; None: on from
-  `loop.COMPACT_FROM` slots on CPU). skip_unmerged_adapter: a forward with no merged input
-  skips the merge adapter (`loop.skips_unmerged_adapter`; None: on CPU).
+  `loop.COMPACT_FROM` slots on CPU). skip_unmerged: a forward with no merged input
+  skips the embedder's merge and the merge adapter (`loop.skips_unmerged`; None: on CPU).
   Prefill lengths are padded to power-of-two buckets of at least `min_prompt_bucket`.
   """
 
@@ -109,14 +109,14 @@ class ContinuousBatcher:
                cache_length: int = 1024, chunk_steps: int = 8, eos_ids=(),
                micro_policy: str = "all", min_prompt_bucket: int = 16,
                compact_micro_steps: bool | None = None,
-               skip_unmerged_adapter: bool | None = None):
+               skip_unmerged: bool | None = None):
     for name, value in (("num_slots", num_slots), ("cache_length", cache_length),
                         ("chunk_steps", chunk_steps)):
       if value < 1:
         raise DecodeInputError(f"{name} must be >= 1, got {value}.")
     model, params = decode_model(cfg, params, base)
     self.engine = lp.DecodeEngine(model, cache_length, chunk_steps * model.max_steps,
-                                  compact_micro_steps, skip_unmerged_adapter)
+                                  compact_micro_steps, skip_unmerged)
     self.params = jax.device_put(params)
     self.eos_ids = tuple(int(e) for e in eos_ids) or tuple(model.llama.eos_token_ids)
     check_ids("EOS", self.eos_ids, ds.MAX_EOS)

@@ -40,9 +40,9 @@ class DecodeEngine:
   # Micro prefill and micro steps run on the continuing rows only (see `micro_buckets`);
   # None: on CPU at batches of COMPACT_FROM rows or more.
   compact_micro_steps: bool | None = None
-  # A forward with no merged input skips the merge adapter (see `skips_unmerged_adapter`);
-  # None: on CPU.
-  skip_unmerged_adapter: bool | None = None
+  # A forward with no merged input skips the embedder's merge and the merge adapter (see
+  # `skips_unmerged`); None: on CPU.
+  skip_unmerged: bool | None = None
 
   @property
   def max_steps(self) -> int:
@@ -152,13 +152,13 @@ def micro_buckets(engine: DecodeEngine, batch: int) -> tuple[int, ...]:
   return tuple(1 << i for i in range(batch.bit_length()) if 1 << i < batch) + (batch,)
 
 
-def skips_unmerged_adapter(engine: DecodeEngine) -> bool:
+def skips_unmerged(engine: DecodeEngine) -> bool:
   """Whether a forward with no merged input computes no merge adapter (a branch per base layer,
   the same numbers). It spares every prefill and, at batch 1, most macro steps; a macro step
   with a merged row computes it for all rows. None: on CPU, where a macro step at the shipped
   defaults took 3% less at 1 row, 1% at 8 and none at 32 (2-core Xeon,
   benchmarks/macro_step_costs.py); off elsewhere, where it was not measured."""
-  skip = engine.skip_unmerged_adapter
+  skip = engine.skip_unmerged
   return jax.default_backend() == "cpu" if skip is None else skip
 
 
@@ -246,7 +246,7 @@ def _macro_step(engine: DecodeEngine, params, st: ds.DecodeState) -> ds.DecodeSt
   features, cache = engine.model.forward(params, st.group_tokens[:, None],
                                          st.group_len[:, None], st.position[:, None], st.cache,
                                          jnp.where(active, st.slot, 0),
-                                         skips_unmerged_adapter(engine))
+                                         skips_unmerged(engine))
   keys = jax.vmap(jax.random.fold_in)(st.rng, st.macro_steps)    # row-local: slot-independent
   g = _decode_group(engine, params, features[:, 0], st, keys)
   glen = jnp.where(active, g.length, 0)
@@ -282,7 +282,7 @@ def prefill(engine: DecodeEngine, params, prefix, last_tokens, lengths, done, rn
   groups = jnp.zeros((b, p, engine.max_steps), jnp.int32).at[..., 0].set(prefix)
   positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
   _, cache = engine.model.forward(params, groups, jnp.ones((b, p), jnp.int32), positions, cache,
-                                  jnp.zeros((b,), jnp.int32), skips_unmerged_adapter(engine))
+                                  jnp.zeros((b,), jnp.int32), skips_unmerged(engine))
   return ds.init_state(cache, last_tokens, lengths, done, rng, knobs, policy, engine.max_steps,
                        engine.out_length)
 

@@ -3,7 +3,7 @@
     model, params = decode_model(cfg, params, base=False)
     features, cache = model.forward(params, groups [B, T, S], lengths [B, T], positions [B, T],
                                     cache, slots [B])             # features [B, T, F, D]
-    (forward(.., skip_unmerged_adapter=True): no merge-adapter work when no input is merged)
+    (forward(.., skip_unmerged=True): no merge work when no input is merged)
     logits, stop = model.heads(params, hidden [B, D])             # [B, V], [B] float32
     micro = model.micro_prefill(params, features [B, F, D])       # fresh micro KV cache
     out, micro = model.micro_step(params, prev_tokens [B], j, micro)   # j >= 1, out [B, D]
@@ -41,9 +41,9 @@ class HamburgerDecodeModel:
     return HamburgerModel(self.cfg).apply({"params": params}, *args, method=method, **kwargs)
 
   def forward(self, params, group_tokens, group_len, positions, cache, slots,
-              skip_unmerged_adapter: bool = False):
+              skip_unmerged: bool = False):
     out = self._apply(params, group_tokens, group_len, positions, cache=cache, cache_slots=slots,
-                      skip_unmerged_adapter=skip_unmerged_adapter,
+                      skip_unmerged=skip_unmerged,
                       method=HamburgerModel.base_forward)
     return out.features, out.cache
 
@@ -68,8 +68,8 @@ class BaseDecodeModel:
     return self.cfg
 
   def forward(self, params, group_tokens, group_len, positions, cache, slots,
-              skip_unmerged_adapter: bool = False):
-    del group_len, skip_unmerged_adapter                    # always 1; no adapter
+              skip_unmerged: bool = False):
+    del group_len, skip_unmerged                            # always 1: nothing merged
     out = LlamaModel(self.cfg).apply({"params": params}, group_tokens[..., 0],
                                      positions=positions, cache=cache, cache_slots=slots,
                                      return_logits=False)

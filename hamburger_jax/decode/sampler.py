@@ -41,20 +41,20 @@ class Sampler:
   compact_micro_steps: the micro prefill and micro steps run on the rows that continue their
   group, gathered into a smaller row bucket (`loop.micro_buckets`; the same numbers per row).
   None (default): on CPU, on for batches of `loop.COMPACT_FROM` (8) rows or more.
-  skip_unmerged_adapter: a forward with no merged input skips the merge adapter (the same
-  numbers; `loop.skips_unmerged_adapter`, None: on CPU).
+  skip_unmerged: a forward with no merged input skips the embedder's merge and the merge
+  adapter (the same numbers; `loop.skips_unmerged`, None: on CPU).
   """
 
   def __init__(self, cfg, params, *, base: bool = False, cache_length: int = 1024,
                out_length: int | None = None, eos_ids: Sequence[int] | None = None,
                min_prompt_bucket: int = 16, donate: bool = True,
                compact_micro_steps: bool | None = None,
-               skip_unmerged_adapter: bool | None = None):
+               skip_unmerged: bool | None = None):
     model, params = decode_model(cfg, params, base)
     if cache_length < 1:
       raise DecodeInputError(f"cache_length must be >= 1, got {cache_length}.")
     self.engine = lp.DecodeEngine(model, cache_length, out_length or cache_length,
-                                  compact_micro_steps, skip_unmerged_adapter)
+                                  compact_micro_steps, skip_unmerged)
     llama = model.llama
     self.eos_ids = llama.eos_token_ids if eos_ids is None else tuple(int(e) for e in eos_ids)
     self.params = jax.device_put(params)

@@ -22,9 +22,19 @@ class CompositionalEmbedder(nn.Module):
   """Merges plain embeddings E [..., S, D] of groups with lengths [...] into [..., D]."""
   cfg: HamburgerConfig
 
+  def __call__(self, embeds, lengths, skip_unmerged: bool = False):
+    """skip_unmerged (static): when no group holds >= 2 tokens, return the plain embeddings
+    without computing the merge (a branch; the same result)."""
+    if not skip_unmerged:
+      return self.merge(embeds, lengths)
+    return nn.cond(jnp.any(lengths > 1), lambda mdl, e, n: mdl.merge(e, n),
+                   lambda mdl, e, n: e[..., 0, :].astype(self.cfg.base.jnp_dtype),
+                   self, embeds, lengths)
+
   @nn.compact
-  def __call__(self, embeds, lengths):
-    c, base = self.cfg, self.cfg.base
+  def merge(self, embeds, lengths):
+    """The merged embeddings [..., D] (a group of one token: its plain embedding)."""
+    base = self.cfg.base
     d, s, heads = base.hidden_size, self.cfg.max_steps, self.cfg.merger_heads
     head_dim = d // heads
     pos = self.param("pos", logical(default_init, ("max_steps", "embed")), (s, d // 2),

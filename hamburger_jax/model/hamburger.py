@@ -75,14 +75,15 @@ class HamburgerModel(nn.Module):
 
   def base_forward(self, group_tokens, group_lengths, positions, segment_ids=None, cache=None,
                    cache_slots=None, return_logits: bool = False,
-                   skip_unmerged_adapter: bool = False) -> LlamaOutput:
+                   skip_unmerged: bool = False) -> LlamaOutput:
     """Base model over merged inputs [B, T, S] (+ lengths [B, T]); features [B, T, F, D].
-    skip_unmerged_adapter: the merge adapter computes nothing when no input is merged."""
-    x = self.embed_groups(group_tokens, group_lengths)
+    skip_unmerged: when no input is merged, the embedder's merge and the merge adapter compute
+    nothing (decoding; the same result)."""
+    x = self.embedder(self.base.embed(group_tokens), group_lengths, skip_unmerged)
     return self.base(embeddings=x, positions=positions, segment_ids=segment_ids, cache=cache,
                      cache_slots=cache_slots, feature_layers=self.cfg.feature_layers,
                      return_logits=return_logits,
-                     layer_hook=self.adapter_hook(group_lengths, skip_unmerged_adapter))
+                     layer_hook=self.adapter_hook(group_lengths, skip_unmerged))
 
   def heads(self, hidden, decoding: bool = False):
     """Micro outputs [..., D] -> (logits [..., V], stop logits [...]), both float32.
