@@ -36,10 +36,10 @@ def settings(defaults: dict):
   """name -> (base, confidence, min_token_prob, skip_unmerged)."""
   conf, mtp = defaults["confidence"], defaults["min_token_prob"]
   return {"base": (True, 1.0, 0.0, None),
-          "hamburger confidence 1, adapter skipped when unmerged": (False, 1.0, 0.0, True),
-          "hamburger confidence 1, adapter always": (False, 1.0, 0.0, False),
-          "hamburger defaults, adapter skipped when unmerged": (False, conf, mtp, True),
-          "hamburger defaults, adapter always": (False, conf, mtp, False)}
+          "hamburger confidence 1, merge work skipped when unmerged": (False, 1.0, 0.0, True),
+          "hamburger confidence 1, merge work always": (False, 1.0, 0.0, False),
+          "hamburger defaults, merge work skipped when unmerged": (False, conf, mtp, True),
+          "hamburger defaults, merge work always": (False, conf, mtp, False)}
 
 
 def bench(cfg, params, prompts, b: int, repeats: int, chunk_steps: int, defaults: dict):

@@ -21,6 +21,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from report import machine  # noqa: E402  pylint: disable=import-error
 
 from hamburger_jax.decode import evaluation  # noqa: E402
 from hamburger_jax.recipes import smollm2  # noqa: E402
@@ -95,6 +98,7 @@ def main(argv=None):
       batch_size=args.batch_size or None,
       min_token_probs=[float(m) for m in args.min_token_probs.split(",")])
   result["seconds"] = time.time() - t0
+  result["machine"] = machine()
   table = evaluation.format_table(result)
   print(table)
   print(json.dumps(result))

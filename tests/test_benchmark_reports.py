@@ -163,7 +163,7 @@ def test_macro_step_costs_times_every_setting_on_rows_that_keep_running():
   for name, r in by_name.items():        # base and confidence 1: one token per row per step
     assert (r["tokens_per_row_step"] == 1.0) == ("defaults" not in name)
   assert by_name["base"]["tokens_per_s_vs_base"] == 1.0
-  skip, always = (by_name[f"hamburger defaults, adapter {k}"]["tokens_per_row_step"]
+  skip, always = (by_name[f"hamburger defaults, merge work {k}"]["tokens_per_row_step"]
                   for k in ("skipped when unmerged", "always"))
   assert skip == always > 1.0             # the same groups either way
   assert "| rows B |" in macro_step_costs.format_table(rows)

@@ -153,10 +153,11 @@ def micro_buckets(engine: DecodeEngine, batch: int) -> tuple[int, ...]:
 
 
 def skips_unmerged(engine: DecodeEngine) -> bool:
-  """Whether a forward with no merged input computes no merge adapter (a branch per base layer,
-  the same numbers). It spares every prefill and, at batch 1, most macro steps; a macro step
-  with a merged row computes it for all rows. None: on CPU, where a macro step at the shipped
-  defaults took 3% less at 1 row, 1% at 8 and none at 32 (2-core Xeon,
+  """Whether a forward with no merged input skips the embedder's merge and the merge adapter (a
+  branch each, the same numbers). It spares every prefill and, at batch 1, most macro steps; a
+  macro step with a merged row computes both for all rows. None: on CPU, where a macro step took
+  4% less at 1 row at the shipped defaults and 3-4% less at confidence 1 at 1, 8 and 32 rows, but
+  0-1% at the defaults at 8 and 32 rows, where some row is almost always merged (2-core Xeon,
   benchmarks/macro_step_costs.py); off elsewhere, where it was not measured."""
   skip = engine.skip_unmerged
   return jax.default_backend() == "cpu" if skip is None else skip
