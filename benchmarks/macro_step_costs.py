@@ -49,17 +49,18 @@ def bench(cfg, params, prompts, b: int, repeats: int, chunk_steps: int, defaults
   one untimed chunk (admission, and the first macro steps after the prompt) before the timed one.
   """
   cache_length = max(map(len, prompts)) + 2 * chunk_steps + 1
+  specs = settings(defaults)
   runs = {name: ContinuousBatcher(cfg, params, base=base, num_slots=b, cache_length=cache_length,
                                   chunk_steps=chunk_steps, eos_ids=(NEVER,),
                                   skip_unmerged=skip)
-          for name, (base, _, _, skip) in settings(defaults).items()}
+          for name, (base, _, _, skip) in specs.items()}
   running = {name: [] for name in runs}
   ms = {name: [] for name in runs}
   tokens = dict.fromkeys(runs, 0)
   for r in range(repeats + 1):                    # round 0 compiles, untimed
     batch = [prompts[(r * b + i) % len(prompts)] for i in range(b)]
     for name, bt in runs.items():
-      _, conf, mtp, _ = settings(defaults)[name]
+      _, conf, mtp, _ = specs[name]
       for rid in running[name]:
         bt.cancel(rid)
       running[name] = [bt.submit(Request(p, max_new_tokens=1 << 20, confidence=conf,

@@ -61,9 +61,9 @@ class HamburgerModel(nn.Module):
 
   # --- pieces shared by training and decoding -------------------------------------------------
 
-  def embed_groups(self, group_tokens, group_lengths):
+  def embed_groups(self, group_tokens, group_lengths, skip_unmerged: bool = False):
     """group_tokens [..., S], group_lengths [...] -> merged input embeddings [..., D]."""
-    return self.embedder(self.base.embed(group_tokens), group_lengths)
+    return self.embedder(self.base.embed(group_tokens), group_lengths, skip_unmerged)
 
   def adapter_hook(self, group_lengths, skip_unmerged: bool = False):
     """The base layers' hook for inputs of these group lengths [B, T] (None without adapter);
@@ -79,7 +79,7 @@ class HamburgerModel(nn.Module):
     """Base model over merged inputs [B, T, S] (+ lengths [B, T]); features [B, T, F, D].
     skip_unmerged: when no input is merged, the embedder's merge and the merge adapter compute
     nothing (decoding; the same result)."""
-    x = self.embedder(self.base.embed(group_tokens), group_lengths, skip_unmerged)
+    x = self.embed_groups(group_tokens, group_lengths, skip_unmerged)
     return self.base(embeddings=x, positions=positions, segment_ids=segment_ids, cache=cache,
                      cache_slots=cache_slots, feature_layers=self.cfg.feature_layers,
                      return_logits=return_logits,
