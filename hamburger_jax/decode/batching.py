@@ -30,7 +30,7 @@ import numpy as np
 from hamburger_jax.decode import loop as lp
 from hamburger_jax.decode import slots
 from hamburger_jax.decode import state as ds
-from hamburger_jax.decode.models import decode_model
+from hamburger_jax.decode.models import decode_model, prompt_scorer
 from hamburger_jax.decode.prompts import check_seed
 from hamburger_jax.decode.sampler import (DecodeInputError, check_confidence, check_ids,
                                           check_prompt, make_sampling, pad_prefixes,
@@ -59,6 +59,7 @@ class Event:
   finish_reason: str | None           # "eos" | "length" | "stop" | "buffer_full" when finished
   macro_steps: int                    # macro steps of this request so far (= KV entries of its answer)
   tokens: int                         # tokens of this request so far
+  logprobs: list[float] = dataclasses.field(default_factory=list)   # the model's, of new_tokens
 
 
 @dataclasses.dataclass
@@ -118,6 +119,7 @@ class ContinuousBatcher:
     self.engine = lp.DecodeEngine(model, cache_length, chunk_steps * model.max_steps,
                                   compact_micro_steps, skip_unmerged)
     self.params = jax.device_put(params)
+    self.scorer = prompt_scorer(model, self.params, cache_length)   # prompts' log-probs
     self.eos_ids = tuple(int(e) for e in eos_ids) or tuple(model.llama.eos_token_ids)
     check_ids("EOS", self.eos_ids, ds.MAX_EOS)
     self.num_slots, self.chunk_steps = num_slots, chunk_steps
@@ -221,9 +223,10 @@ class ContinuousBatcher:
     running = self._slots[slot]
     n = int(view["num_out"][slot] - view["out_start"][slot])
     new = view["tokens"][slot, :n].tolist()
+    new_logprobs = view["logprob"][slot, :n].tolist()
     running.tokens += new
     running.group_ids += view["group"][slot, :n].tolist()
-    running.logprobs += view["logprob"][slot, :n].tolist()
+    running.logprobs += new_logprobs
     finished = bool(view["done"][slot])
     reason = ds.FINISH_NAMES[int(view["finish"][slot])] if finished else None
     steps = int(view["macro_steps"][slot])
@@ -232,7 +235,8 @@ class ContinuousBatcher:
       if running.request_id in self._keep:
         self._keep.discard(running.request_id)
         self._completed[running.request_id] = running.completion(reason, steps)
-    return Event(running.request_id, new, finished, reason, steps, len(running.tokens))
+    return Event(running.request_id, new, finished, reason, steps, len(running.tokens),
+                 new_logprobs)
 
   # -- convenience --
 

@@ -11,6 +11,7 @@
 `HamburgerDecodeModel` runs the compositional embedder, the base and the micro-step decoder;
 `BaseDecodeModel` is the plain Llama (groups of one token, no micro steps: max_steps == 1).
 Both are frozen dataclasses holding only the config, so they are hashable compile-key parts.
+`prompt_scorer(model, params)`: log-probs of a prompt's tokens, as the model reads a prompt.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import jax.numpy as jnp
 from hamburger_jax.model.config import HamburgerConfig, LlamaConfig
 from hamburger_jax.model.hamburger import HamburgerModel
 from hamburger_jax.model.llama import LlamaModel
+from hamburger_jax.model.scoring import Scorer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +34,9 @@ class HamburgerDecodeModel:
   @property
   def llama(self) -> LlamaConfig:
     return self.cfg.base
+
+  def base_params(self, params):
+    return params["base"]
 
   @property
   def max_steps(self) -> int:
@@ -66,6 +71,9 @@ class BaseDecodeModel:
   @property
   def llama(self) -> LlamaConfig:
     return self.cfg
+
+  def base_params(self, params):
+    return params
 
   def forward(self, params, group_tokens, group_len, positions, cache, slots,
               skip_unmerged: bool = False):
@@ -102,3 +110,10 @@ def decode_model(cfg, params, base: bool = False) -> tuple[DecodeModel, dict]:
   if isinstance(cfg, LlamaConfig):
     return BaseDecodeModel(cfg), params
   raise TypeError(f"Expected a HamburgerConfig or a LlamaConfig, got {type(cfg).__name__}.")
+
+
+def prompt_scorer(model: DecodeModel, params, max_length: int) -> Scorer:
+  """Per-token log-probs of prompts (`Scorer.top_log_probs`) as `model` reads them: a prompt
+  fills one KV slot per token, so HAMburger's are its base model's (and the first generated
+  token's distribution, after the whole prompt, is the base's too)."""
+  return Scorer(model.llama, model.base_params(params), metric="nll", max_length=max_length)

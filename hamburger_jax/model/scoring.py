@@ -2,9 +2,10 @@
 
     scorer = Scorer(cfg, params, metric="entropy")      # or "probability" (1 - p), "nll" (-log p)
     values = scorer.score([ids_a, ids_b])               # float32 [L_i]; value i from logits at i - 1
+    logp, top_ids, top_logp = scorer.top_log_probs([ids_a], k=5)[0]   # [L], [L, k], [L, k]
 
-Used by data segmentation (entropy of the base's next-token distribution) and by evaluation (the
-base model's NLL of generated answers).
+Used by data segmentation (entropy of the base's next-token distribution), by evaluation (the
+base model's NLL of generated answers) and by the server (log-probs of a prompt's tokens).
 """
 
 from __future__ import annotations
@@ -52,6 +53,21 @@ def _token_values(cfg: LlamaConfig, metric: str, params, tokens, lengths):
     picked = jnp.take_along_axis(logp[:, :-1], tokens[:, 1:, None], axis=-1)[..., 0]
     v = -picked if metric == "nll" else 1.0 - jnp.exp(picked)
   return jnp.concatenate([jnp.zeros_like(v[:, :1]), v], axis=1)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _log_probs_and_top(cfg: LlamaConfig, k: int, params, tokens, lengths):
+  """tokens [B, L], lengths [B] -> (log p of token i from the logits at i - 1 [B, L] (entry 0 is
+  0), the k most likely next tokens after each position: ids [B, L, k] int32 and log p [B, L, k])."""
+  TRACES[(cfg, f"top{k}")] += 1
+  seq = tokens.shape[1]
+  segment_ids = (jnp.arange(seq)[None, :] < lengths[:, None]).astype(jnp.int32)
+  logits = LlamaModel(cfg).apply({"params": params}, tokens, segment_ids=segment_ids).logits
+  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)      # [B, L, V]
+  picked = jnp.take_along_axis(logp[:, :-1], tokens[:, 1:, None], axis=-1)[..., 0]
+  top_logp, top_ids = jax.lax.top_k(logp, k)
+  return (jnp.concatenate([jnp.zeros_like(picked[:, :1]), picked], axis=1),
+          top_ids.astype(jnp.int32), top_logp)
 
 
 class Scorer:
@@ -104,25 +120,38 @@ class Scorer:
           lengths[r] = len(seqs[i])
         yield members, tokens, lengths
 
-  def score(self, seqs: Sequence[np.ndarray],
-            on_batch: Callable[[int], None] | None = None) -> list[np.ndarray]:
-    """Sequences (int [L_i]) -> values (float32 [L_i]; entry 0 is 0, it has no predictor)."""
-    out: list[np.ndarray | None] = [None] * len(seqs)
+  def _run(self, seqs, fn, on_batch=None) -> list:
+    """fn(tokens, lengths) -> a pytree of [B, L, ...] arrays, cut back to each sequence."""
+    out: list = [None] * len(seqs)
 
-    def collect(members, values):
-      values = np.asarray(values)
+    def collect(members, result):
+      result = jax.device_get(result)
       for r, i in enumerate(members):
-        out[i] = values[r, :len(seqs[i])]
+        out[i] = jax.tree_util.tree_map(lambda x, r=r, i=i: x[r, :len(seqs[i])], result)
       if on_batch is not None:
         on_batch(len(members))
 
     pending = None
     for members, tokens, lengths in self._batches(seqs):
       # Dispatched asynchronously: the device works while the host builds the next batch.
-      result = _token_values(self.model_cfg, self.metric, self.params, tokens, lengths)
+      result = fn(tokens, lengths)
       if pending is not None:
         collect(*pending)
       pending = (members, result)
     if pending is not None:
       collect(*pending)
     return out
+
+  def score(self, seqs: Sequence[np.ndarray],
+            on_batch: Callable[[int], None] | None = None) -> list[np.ndarray]:
+    """Sequences (int [L_i]) -> values (float32 [L_i]; entry 0 is 0, it has no predictor)."""
+    return self._run(seqs, functools.partial(_token_values, self.model_cfg, self.metric,
+                                             self.params), on_batch)
+
+  def top_log_probs(self, seqs: Sequence[np.ndarray], k: int) -> list[tuple]:
+    """Sequences (int [L_i]) -> per sequence (log p of each token [L_i] (entry 0 is 0), the k
+    most likely next tokens after each position: ids [L_i, k] and log p [L_i, k]); whatever the
+    metric. Compiles once per bucket, row count and k."""
+    if not 1 <= k <= self.model_cfg.vocab_size:
+      raise ValueError(f"k must be in 1..{self.model_cfg.vocab_size}, got {k}.")
+    return self._run(seqs, functools.partial(_log_probs_and_top, self.model_cfg, k, self.params))

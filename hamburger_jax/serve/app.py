@@ -3,10 +3,12 @@
     app = create_app(service)      # then uvicorn.run(app, host="127.0.0.1", port=8000)
 
 Routes: POST /v1/chat/completions, POST /v1/completions (both streamed with "stream": true),
-GET /v1/models, GET /health (200 while serving, 503 while shutting down). Errors are OpenAI error
-objects: 400 bad request, 404 unknown model or route, 408 request timeout, 503 queue full (with
-Retry-After) or shutting down. A request whose client hangs up is cancelled. The engine worker
-starts and stops with the app's lifespan.
+GET /v1/models, GET /health (200 while serving, 503 while shutting down), and the tokenizer in
+vLLM's shapes (GET /tokenizer_info, POST /tokenize, POST /detokenize: lm-eval's "remote"
+tokenizer, so its log-likelihood tasks run against /v1/completions with no tokenizer download).
+Errors are OpenAI error objects: 400 bad request, 404 unknown model or route, 408 request
+timeout, 503 queue full (with Retry-After) or shutting down. A request whose client hangs up is
+cancelled. The engine worker starts and stops with the app's lifespan.
 """
 
 from __future__ import annotations
@@ -28,22 +30,32 @@ def _error_response(e: ApiError) -> JSONResponse:
   return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
 
-async def _collect(run: Run, fmt: Formatter) -> dict:
-  texts, ids = [], []
+async def _collect(run: Run, fmt: Formatter, prompt_ids=(), scores=None) -> dict:
+  """The whole response; with echo / logprobs (text completions) the prompt's text and
+  log-probs (`scores`, `Service.score_prompt`) come first."""
+  texts, ids, logprobs = [], [], []
   async for piece in run.pieces():
     texts.append(piece.text)
     ids.extend(piece.token_ids)
+    logprobs.extend(piece.logprobs)
     if piece.finish_reason is not None:
-      return fmt.full("".join(texts), ids, piece.finish_reason, piece.usage)
+      settings, service = run.settings, run.service
+      text = "".join(texts)
+      if settings.echo:
+        text = service.prompt_text(prompt_ids) + text
+      return fmt.full(text, ids, piece.finish_reason, piece.usage,
+                      service.logprobs_object(list(prompt_ids), scores, ids, logprobs, settings))
   raise RuntimeError("The request ended without a finish reason.")
 
 
 _DISCONNECT_POLL_S = 0.5   # how often a non-streamed request checks that its client is still there
 
 
-async def _collect_while_connected(request: fastapi.Request, run: Run, fmt: Formatter):
-  """`_collect`, or None once the client has hung up (the run is cancelled either way)."""
-  collect = asyncio.ensure_future(_collect(run, fmt))
+async def _collect_while_connected(request: fastapi.Request, run: Run, fmt: Formatter,
+                                   *args):
+  """`_collect(run, fmt, *args)`, or None once the client has hung up (the run is cancelled
+  either way)."""
+  collect = asyncio.ensure_future(_collect(run, fmt, *args))
   try:
     while True:
       done, _ = await asyncio.wait({collect}, timeout=_DISCONNECT_POLL_S)
@@ -94,16 +106,19 @@ async def _complete(request: fastapi.Request, chat: bool):
   service: Service = request.app.state.service
   body = protocol.parse_body(await request.body())
   protocol.check_model(body, service.model_id)
-  settings = protocol.parse_settings(body, service.limits)
+  settings = protocol.parse_settings(body, service.limits, chat)
   if chat:
     ids = service.encode_chat(protocol.chat_messages(body))
   else:
     ids = service.encode_completion(protocol.completion_prompt(body))
+  scores = None
+  if settings.logprobs is not None and (settings.echo or settings.logprobs):
+    scores = await service.score_prompt(ids, settings.logprobs)
   run = service.start(ids, settings, chat)
   fmt = Formatter(chat, service.model_id)
   if settings.stream:
     return _RunStream(run, fmt)
-  body = await _collect_while_connected(request, run, fmt)
+  body = await _collect_while_connected(request, run, fmt, ids, scores)
   if body is None:                  # nobody is listening; the status is only logged
     return Response(status_code=499)
   return JSONResponse(body)
@@ -143,6 +158,18 @@ def create_app(service: Service) -> fastapi.FastAPI:
   async def models():
     return {"object": "list", "data": [{"id": service.model_id, "object": "model",
                                         "created": 0, "owned_by": "hamburger_jax"}]}
+
+  @app.get("/tokenizer_info")
+  async def tokenizer_info():
+    return service.tokenizer_info()
+
+  @app.post("/tokenize")
+  async def tokenize(request: fastapi.Request):
+    return service.tokenize(protocol.parse_body(await request.body()))
+
+  @app.post("/detokenize")
+  async def detokenize(request: fastapi.Request):
+    return service.detokenize(protocol.parse_body(await request.body()))
 
   @app.get("/health")
   async def health():

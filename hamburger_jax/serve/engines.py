@@ -20,6 +20,7 @@ import dataclasses
 from typing import Iterator
 
 from hamburger_jax.decode.batching import ContinuousBatcher, Event, Request
+from hamburger_jax.decode.models import prompt_scorer
 from hamburger_jax.decode.sampler import Sampler
 from hamburger_jax.decode.state import DecodeResult
 from hamburger_jax.model.config import HamburgerConfig
@@ -60,6 +61,7 @@ class SerialEngine:
                            out_length=cache_length, eos_ids=self.eos_ids,
                            min_prompt_bucket=min_prompt_bucket)
     self.max_prompt_len = cache_length
+    self.scorer = prompt_scorer(self.sampler.engine.model, self.sampler.params, cache_length)
     self.chunk_steps = chunk_steps
     self._waiting: collections.OrderedDict[int, Request] = collections.OrderedDict()
     self._running: _Running | None = None
@@ -105,7 +107,7 @@ class SerialEngine:
       run.stream.close()
       self._running = None
     event = Event(run.request_id, tokens[run.sent:], finished, reason if finished else None,
-                  snap.macro_steps[0], len(tokens))
+                  snap.macro_steps[0], len(tokens), snap.logprobs[0][run.sent:])
     run.sent = len(tokens)
     return [event]
 

@@ -9,6 +9,12 @@
 Extensions beside OpenAI's fields: `top_k` (0 = off), `confidence` (HAMburger's stop-head
 threshold in (0, 1]: a macro step's group goes on while 1 - p_stop >= it) and `min_token_prob`
 (in [0, 1]: a drafted token joins its group only if its probability is >= it; 0 = off).
+
+/v1/completions also takes `echo` (the prompt before the completion) and `logprobs` N in
+0..MAX_LOGPROBS (each token's log-prob and the N most likely tokens at each position), not
+streamed. The N most likely tokens are known for the prompt and the first generated token only
+(later tokens come from merged context and micro steps, whose full distributions the decode loop
+does not keep), so N >= 1 needs max_tokens 1, as lm-eval's log-likelihood requests send.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import secrets
 from typing import Any
 
 MAX_STOP_STRINGS = 4
+MAX_LOGPROBS = 5                  # OpenAI's limit for /v1/completions
 SEED_LIMIT = 2**31
 
 
@@ -61,6 +68,8 @@ class Settings:
   stop: list[str]
   stream: bool
   include_usage: bool
+  echo: bool = False                # /v1/completions: the prompt before the completion
+  logprobs: int | None = None       # /v1/completions: top log-probs per position (None = off)
 
 
 def parse_body(raw: bytes) -> dict:
@@ -103,9 +112,14 @@ _NEUTRAL = {"n": (1,), "best_of": (1,), "echo": (False,), "logprobs": (False, 0)
             "logit_bias": ({},), "suffix": ("",), "tools": ([],), "functions": ([],)}
 
 
-def _unsupported(body: dict) -> None:
+_COMPLETION_FIELDS = ("echo", "logprobs")      # implemented for /v1/completions only
+
+
+def _unsupported(body: dict, chat: bool) -> None:
   """OpenAI fields this server does not implement: accepted only absent or at a neutral value."""
   for name, neutral in _NEUTRAL.items():
+    if not chat and name in _COMPLETION_FIELDS:
+      continue
     value = body.get(name)
     if value is not None and not any(type(value) is type(a) and value == a for a in neutral):
       raise ApiError(400, f"'{name}' = {value!r} is not supported by this server (allowed: "
@@ -139,9 +153,25 @@ def _flag(body: dict, name: str) -> bool:
   return value
 
 
-def parse_settings(body: dict, limits: Limits) -> Settings:
-  """The knobs shared by both endpoints, each checked (ApiError 400 naming the field)."""
-  _unsupported(body)
+def _completion_logprobs(body: dict, max_tokens: int, stream: bool) -> tuple[bool, int | None]:
+  """(echo, logprobs) of a /v1/completions request, checked."""
+  echo = _flag(body, "echo")
+  logprobs = body.get("logprobs")
+  if logprobs is not None:
+    logprobs = _number(body, "logprobs", None, 0, MAX_LOGPROBS, integer=True)
+  if stream and (echo or logprobs is not None):
+    raise ApiError(400, "'echo' and 'logprobs' are not supported with 'stream': drop 'stream'.",
+                   "stream")
+  if logprobs and max_tokens > 1:
+    raise ApiError(400, f"'logprobs' = {logprobs} needs 'max_tokens' 1: the most likely tokens "
+                        "are known for the prompt and the first generated token only ("
+                        "'logprobs' 0 gives every generated token's own log-prob).", "logprobs")
+  return echo, logprobs
+
+
+def parse_settings(body: dict, limits: Limits, chat: bool = True) -> Settings:
+  """The knobs of either endpoint, each checked (ApiError 400 naming the field)."""
+  _unsupported(body, chat)
   name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
   max_tokens = _number(body, name, limits.default_max_tokens, 1, limits.max_tokens, integer=True,
                        what=" (the server's limit)")
@@ -149,6 +179,8 @@ def parse_settings(body: dict, limits: Limits) -> Settings:
   if not isinstance(options, dict):
     raise ApiError(400, f"'stream_options' must be an object, got {options!r}.", "stream_options")
   seed = body.get("seed")
+  stream = _flag(body, "stream")
+  echo, logprobs = (False, None) if chat else _completion_logprobs(body, max_tokens, stream)
   return Settings(
       max_tokens=max_tokens,
       temperature=_number(body, "temperature", limits.default_temperature, 0.0, 2.0),
@@ -158,8 +190,8 @@ def parse_settings(body: dict, limits: Limits) -> Settings:
             else _number(body, "seed", 0, 0, SEED_LIMIT - 1, integer=True)),
       confidence=_number(body, "confidence", limits.default_confidence, 0.0, 1.0, lo_open=True),
       min_token_prob=_number(body, "min_token_prob", limits.default_min_token_prob, 0.0, 1.0),
-      stop=_stop_strings(body), stream=_flag(body, "stream"),
-      include_usage=_flag(options, "include_usage"))
+      stop=_stop_strings(body), stream=stream,
+      include_usage=_flag(options, "include_usage"), echo=echo, logprobs=logprobs)
 
 
 def _content_text(content: Any, index: int) -> str:

@@ -37,13 +37,14 @@ class Formatter:
       body["usage"] = usage
     return body
 
-  def full(self, text: str, token_ids: list[int], finish_reason: str, usage: dict) -> dict:
-    """The non-streamed response."""
+  def full(self, text: str, token_ids: list[int], finish_reason: str, usage: dict,
+           logprobs: dict | None = None) -> dict:
+    """The non-streamed response (`logprobs`: a text completion's, see `logprobs_object`)."""
     choice = {"index": 0, "finish_reason": finish_reason, "token_ids": token_ids}
     if self.chat:
       choice["message"] = {"role": "assistant", "content": text}
       return self._envelope("chat.completion", [choice], usage)
-    choice.update(text=text, logprobs=None)
+    choice.update(text=text, logprobs=logprobs)
     return self._envelope("text_completion", [choice], usage)
 
   def chunk(self, text: str, token_ids: list[int], finish_reason: str | None,
@@ -59,3 +60,17 @@ class Formatter:
   def usage_chunk(self, usage: dict) -> dict:
     """The last chunk with stream_options.include_usage: no choices, the usage."""
     return self._envelope("chat.completion.chunk" if self.chat else "text_completion", [], usage)
+
+
+def logprobs_object(tokens: list[str], token_logprobs: list, top_logprobs: list | None,
+                    start: int) -> dict:
+  """A text completion's `logprobs`: per token its text, its log-prob (None for a prompt's first
+  token, which has no predictor), the most likely tokens there ({text: log-prob}, None at the
+  first prompt token; the list is None when none were asked) and its character offset in the
+  response text (from `start`)."""
+  offsets, at = [], start
+  for t in tokens:
+    offsets.append(at)
+    at += len(t)
+  return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
+          "text_offset": offsets}

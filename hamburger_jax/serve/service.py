@@ -5,6 +5,8 @@
     run = service.start(ids, settings, chat=True)        # ApiError 503 when the queue is full
     async for piece in run.pieces():                     # Piece(text, token_ids, finish, usage)
       ...
+    scores = await service.score_prompt(ids, k)          # /v1/completions echo / logprobs
+    service.logprobs_object(ids, scores, piece_ids, piece_logprobs, settings)
 
 Runs on the server's event loop and never calls JAX: the engine lives on the worker's thread.
 Tokenizing and detokenizing happen here.
@@ -18,6 +20,7 @@ import time
 from typing import AsyncIterator, Sequence
 
 from hamburger_jax.decode.batching import Request
+from hamburger_jax.serve import responses
 from hamburger_jax.serve.protocol import ApiError, Limits, Settings
 from hamburger_jax.serve.text import TextOutput
 from hamburger_jax.serve.worker import EngineWorker, Failure, QueueFull, ShuttingDown
@@ -35,6 +38,7 @@ class Piece:
   token_ids: list[int]
   finish_reason: str | None = None
   usage: dict | None = None
+  logprobs: list[float] = dataclasses.field(default_factory=list)   # the model's, of token_ids
 
 
 def usage(prompt_tokens: int, tokens: int, macro_steps: int) -> dict:
@@ -119,6 +123,92 @@ class Service:
       raise ApiError(503, str(e), kind="server_error", code="shutting_down") from e
     return Run(self, ticket, len(prompt_ids), settings, time.monotonic() + self.request_timeout)
 
+  # -- the tokenizer over HTTP (/tokenizer_info, /tokenize, /detokenize: vLLM's shapes) --
+
+  def _need_tokenizer(self, param: str):
+    if self.tokenizer is None:
+      raise ApiError(400, "This server has no tokenizer (it serves token ids).", param)
+    return self.tokenizer
+
+  def tokenizer_info(self) -> dict:
+    self._need_tokenizer(None)
+    eos = self.worker.engine.eos_ids
+    return {"eos_token": self.token_text(eos[0]) if eos else None, "bos_token": None,
+            "pad_token": None, "model_max_length": self.max_prompt_len}
+
+  def tokenize(self, body: dict) -> dict:
+    tok = self._need_tokenizer("prompt")
+    prompt, special = body.get("prompt"), body.get("add_special_tokens", True)
+    if not isinstance(prompt, str):
+      raise ApiError(400, f"'prompt' must be a string, got {prompt!r}.", "prompt")
+    if not isinstance(special, bool):
+      raise ApiError(400, f"'add_special_tokens' must be true or false, got {special!r}.",
+                     "add_special_tokens")
+    ids = tok.encode(prompt, add_special_tokens=special)
+    return {"tokens": ids, "count": len(ids), "max_model_len": self.max_prompt_len}
+
+  def detokenize(self, body: dict) -> dict:
+    tok = self._need_tokenizer("tokens")
+    ids = body.get("tokens")
+    if not (isinstance(ids, list) and all(isinstance(i, int) and not isinstance(i, bool)
+                                          for i in ids)):
+      raise ApiError(400, f"'tokens' must be a list of token ids, got {ids!r}.", "tokens")
+    bad = [i for i in ids if not 0 <= i < self.vocab_size]
+    if bad:
+      raise ApiError(400, f"Token id {bad[0]} is outside the vocabulary "
+                          f"(0..{self.vocab_size - 1}).", "tokens")
+    return {"prompt": tok.decode(ids)}
+
+  # -- log-probs (/v1/completions echo / logprobs) --
+
+  def token_text(self, token_id: int) -> str:
+    if self.tokenizer is None:
+      return str(token_id)
+    return self.tokenizer.decode([token_id], skip_special=False)
+
+  def prompt_text(self, prompt_ids: Sequence[int]) -> str:
+    """The prompt as `echo` puts it before the completion's text."""
+    if self.tokenizer is None:
+      return "".join(f"{i} " for i in prompt_ids)        # ids, as a token-id server writes them
+    return self.tokenizer.decode(prompt_ids)
+
+  async def score_prompt(self, prompt_ids: list[int], k: int):
+    """(log p of each prompt token [L], top-k ids and log-probs after each position [L, k]),
+    computed on the engine thread (`Scorer.top_log_probs`)."""
+    scorer = self.worker.engine.scorer
+    try:
+      return await self.worker.call(lambda: scorer.top_log_probs([prompt_ids], max(k, 1))[0])
+    except ShuttingDown as e:
+      raise ApiError(503, str(e), kind="server_error", code="shutting_down") from e
+
+  def _top(self, ids, logps) -> dict[str, float]:
+    top: dict[str, float] = {}
+    for i, lp in zip(ids.tolist(), logps.tolist()):
+      top.setdefault(self.token_text(i), lp)        # tokens that read the same: the likelier
+    return top
+
+  def logprobs_object(self, prompt_ids: list[int], scores, generated: list[int],
+                      generated_logprobs: list[float], settings: Settings) -> dict | None:
+    """OpenAI's completion `logprobs` (tokens, token_logprobs, top_logprobs, text_offset) over
+    the prompt (with echo) and the generated tokens; None without 'logprobs'."""
+    k = settings.logprobs
+    if k is None:
+      return None
+    tokens, values, top = [], [], []
+    if settings.echo:
+      prompt_logp, top_ids, top_logp = scores
+      tokens += [self.token_text(i) for i in prompt_ids]
+      values += [None] + [float(x) for x in prompt_logp[1:]]
+      top += [None] + [self._top(top_ids[i - 1, :k], top_logp[i - 1, :k])
+                       for i in range(1, len(prompt_ids))]
+    tokens += [self.token_text(i) for i in generated]
+    values += [float(x) for x in generated_logprobs]
+    if k and generated:                              # max_tokens is 1 (parse_settings)
+      _, top_ids, top_logp = scores
+      top.append(self._top(top_ids[-1, :k], top_logp[-1, :k]))
+    start = 0 if settings.echo else len(self.prompt_text(prompt_ids))
+    return responses.logprobs_object(tokens, values, top if k else None, start)
+
   def start_draining(self, grace_s: float) -> None:
     """New requests get 503; running ones are answered at the latest `grace_s` from now."""
     self.draining = True
@@ -166,11 +256,12 @@ class Run:
         text, stopped = self.text.add(item.new_tokens, final=item.finished)
         finished = item.finished or stopped
         if not finished:
-          yield Piece(text, list(item.new_tokens))
+          yield Piece(text, list(item.new_tokens), logprobs=list(item.logprobs))
           continue
         reason = "stop" if stopped else FINISH.get(item.finish_reason, "stop")
         yield Piece(text, list(item.new_tokens), reason,
-                    usage(self.prompt_tokens, item.tokens, item.macro_steps))
+                    usage(self.prompt_tokens, item.tokens, item.macro_steps),
+                    list(item.logprobs))
     finally:
       self.cancel()                             # timeout, drain, stop string, error
 

@@ -4,6 +4,7 @@
     ticket = worker.submit(request, asyncio.get_running_loop())   # QueueFull when at capacity
     item = await ticket.queue.get()       # an engine Event, or a Failure
     worker.cancel(ticket)                 # timeouts, stop strings, clients that went away
+    result = await worker.call(fn)        # fn() on the engine thread, between engine steps
     worker.close()                        # answers what is left with a Failure, joins the thread
 
 The thread loops: take new submissions and cancellations from a thread-safe inbox, call
@@ -98,6 +99,17 @@ class EngineWorker:
     """Stops decoding `ticket` (no-op once it is done)."""
     self._inbox.put(("cancel", ticket))
 
+  def call(self, fn) -> asyncio.Future:
+    """fn() run on the engine thread between two engine steps -> a future of its result (on
+    the caller's event loop; ShuttingDown once the worker is closed)."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+    with self._lock:
+      if self._closed:
+        raise ShuttingDown("The server is shutting down.")
+      self._inbox.put(("call", (fn, future, loop)))
+    return future
+
   def close(self, timeout: float | None = None) -> None:
     """Takes no more requests; the thread answers unfinished ones with a Failure and exits."""
     with self._lock:
@@ -128,14 +140,31 @@ class EngineWorker:
       except queue.Empty:
         break
     stop = False
-    for kind, ticket in items:
+    for kind, item in items:
       if kind == "submit":
-        self._submit(ticket)
+        self._submit(item)
       elif kind == "cancel":
-        self._cancel(ticket)
+        self._cancel(item)
+      elif kind == "call":
+        self._call(*item)
       else:
         stop = True
     return stop
+
+  @staticmethod
+  def _call(fn, future: asyncio.Future, loop: asyncio.AbstractEventLoop) -> None:
+    def settle(ok: bool, value) -> None:
+      if not future.done():
+        (future.set_result if ok else future.set_exception)(value)
+    try:
+      result = (True, fn())
+    except Exception as e:  # pylint: disable=broad-except
+      _log.exception("engine call failed")
+      result = (False, e)
+    try:
+      loop.call_soon_threadsafe(settle, *result)
+    except RuntimeError:               # the event loop is closed: nobody is listening any more
+      pass
 
   def _submit(self, ticket: Ticket) -> None:
     try:

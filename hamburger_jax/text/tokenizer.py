@@ -66,12 +66,13 @@ class Tokenizer:
     return templates.render_text(self.chat_parts(prompt, system))
 
   def encode(self, prompt: str | templates.Messages, chat: bool = False,
-             system: str | None = None) -> list[int]:
-    """Text -> ids. Plain text gets the tokenizer's own special tokens (e.g. BOS); a chat prompt
-    (a str or a list of {"role", "content"} messages) carries them in its template, inserted by
-    id: special-token strings inside message text stay text."""
+             system: str | None = None, add_special_tokens: bool = True) -> list[int]:
+    """Text -> ids. Plain text gets the tokenizer's own special tokens (e.g. BOS) unless
+    add_special_tokens is False; a chat prompt (a str or a list of {"role", "content"} messages)
+    carries them in its template, inserted by id: special-token strings inside message text stay
+    text."""
     if not chat:
-      return self._tok.encode(prompt, add_special_tokens=True).ids
+      return self._tok.encode(prompt, add_special_tokens=add_special_tokens).ids
     return _chat_ids(self._tok, self.chat_parts(prompt, system))
 
   def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:

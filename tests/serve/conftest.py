@@ -148,6 +148,17 @@ class GatedEngine:
     return self.engine.step() if self.decode else []
 
 
+def run_lm_eval(model: str, model_args: str, task: str, out_dir: str,
+                *extra: str) -> subprocess.CompletedProcess:
+  """`lm_eval run` on a task of benchmarks/lm_eval_tasks, offline, samples logged to out_dir."""
+  env = dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1",
+             HF_HOME=os.path.join(out_dir, "hf_home"))
+  cmd = [sys.executable, "-m", "lm_eval", "run", "--model", model, "--model_args", model_args,
+         "--tasks", task, "--include_path", os.path.join(REPO, "benchmarks", "lm_eval_tasks"),
+         "--output_path", out_dir, "--log_samples", *extra]
+  return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+
+
 def run_script(*args, **kwargs) -> subprocess.Popen:
   """serve.py in a subprocess on CPU (stdout/stderr piped)."""
   env = dict(os.environ, JAX_PLATFORMS="cpu")

@@ -59,7 +59,7 @@ def test_prompt_over_the_buffer_and_outside_the_vocabulary(server):
     ("top_p", 0), ("top_p", 1.5), ("top_k", -1), ("top_k", 1.5), ("max_tokens", 0),
     ("max_tokens", CACHE_LENGTH + 1), ("max_tokens", True), ("confidence", 0),
     ("confidence", 1.01), ("n", 2), ("seed", -1), ("stop", ["a", "b", "c", "d", "e"]),
-    ("stop", ""), ("logprobs", True), ("echo", True), ("stream", "yes"),
+    ("stop", ""), ("logprobs", True), ("logprobs", 6), ("echo", 1), ("stream", "yes"),
     ("presence_penalty", 0.5), ("best_of", 3), ("min_token_prob", 1.5), ("min_token_prob", -0.1),
 ])
 def test_knob_out_of_range(server, field, value):

@@ -6,16 +6,11 @@ from __future__ import annotations
 
 import glob
 import json
-import os
-import subprocess
-import sys
 
 import openai
 import pytest
 
-from conftest import MODEL, REPO, make_engine, serving
-
-TASKS = os.path.join(REPO, "benchmarks", "lm_eval_tasks")
+from conftest import MODEL, make_engine, run_lm_eval, serving
 
 
 @pytest.fixture(scope="module")
@@ -26,19 +21,11 @@ def default_server(tiny_model, tokenizer):
     yield server
 
 
-def _lm_eval(url: str, out_dir: str) -> subprocess.CompletedProcess:
-  env = dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1",
-             HF_HOME=os.path.join(out_dir, "hf_home"))
-  model_args = (f"model={MODEL},base_url={url}/v1/chat/completions,num_concurrent=4,"
-                "max_retries=1")
-  cmd = [sys.executable, "-m", "lm_eval", "run", "--model", "local-chat-completions",
-         "--model_args", model_args, "--tasks", "hamburger_qa", "--include_path", TASKS,
-         "--apply_chat_template", "--output_path", out_dir, "--log_samples"]
-  return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-
-
 def test_lm_eval_chat_completions_on_a_local_task(default_server, tmp_path):
-  proc = _lm_eval(default_server.url, str(tmp_path))
+  model_args = (f"model={MODEL},base_url={default_server.url}/v1/chat/completions,"
+                "num_concurrent=4,max_retries=1")
+  proc = run_lm_eval("local-chat-completions", model_args, "hamburger_qa", str(tmp_path),
+                     "--apply_chat_template")
   assert proc.returncode == 0, proc.stderr[-3000:]
   [results_file] = glob.glob(str(tmp_path / MODEL / "results_*.json"))
   with open(results_file) as f:

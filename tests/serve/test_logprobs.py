@@ -1,0 +1,169 @@
+"""Log-probs over the server: /v1/completions with echo and logprobs against the base model's own
+log-softmax and the engine's decode alone, the tokenizer endpoints, and lm-eval's
+`local-completions` log-likelihood requests on the local multiple-choice task
+benchmarks/lm_eval_tasks/hamburger_mc (lm-eval tokenizes through the server's /tokenize)."""
+
+from __future__ import annotations
+
+import asyncio
+import glob
+import json
+import threading
+
+import httpx2
+import jax
+import numpy as np
+import pytest
+
+from conftest import CACHE_LENGTH, MODEL, make_engine, run_lm_eval, serving
+from hamburger_jax.decode.sampler import Sampler
+from hamburger_jax.model.llama import LlamaModel
+from hamburger_jax.model.scoring import TRACES
+from hamburger_jax.serve.worker import EngineWorker, ShuttingDown
+
+PROMPT = "hello the world cat sat on the"
+
+
+def _post(server, path, body):
+  return httpx2.post(server.url + path, json=body, timeout=60)
+
+
+def _completion(server, **fields):
+  r = _post(server, "/v1/completions", dict({"model": MODEL, "temperature": 0}, **fields))
+  assert r.status_code == 200, r.text
+  return r.json()["choices"][0]
+
+
+@pytest.fixture(scope="module")
+def base_log_probs(tiny_model):
+  """ids -> [L, V] float64 log-softmax of the base model's logits (one full forward)."""
+  cfg, params = tiny_model
+
+  def run(ids):
+    logits = LlamaModel(cfg.base).apply({"params": params["base"]}, np.asarray([ids], np.int32))
+    return np.asarray(jax.nn.log_softmax(logits.logits[0].astype(np.float32), -1), np.float64)
+  return run
+
+
+def test_echo_logprobs_are_the_base_models_and_the_first_token_is_its_top(server, tokenizer,
+                                                                          base_log_probs):
+  ids = tokenizer.encode(PROMPT)
+  choice = _completion(server, prompt=PROMPT, max_tokens=1, echo=True, logprobs=3)
+  lp = choice["logprobs"]
+  (new_id,) = choice["token_ids"]
+  assert choice["text"] == tokenizer.decode(ids) + tokenizer.decode([new_id])
+  assert lp["tokens"] == [tokenizer.decode([i], skip_special=False) for i in ids + [new_id]]
+  assert lp["text_offset"] == np.cumsum([0] + [len(t) for t in lp["tokens"][:-1]]).tolist()
+  ref = base_log_probs(ids)                                               # [L, V]
+  assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+  np.testing.assert_allclose(lp["token_logprobs"][1:len(ids)],
+                             [ref[i - 1, t] for i, t in enumerate(ids) if i], atol=1e-5)
+  for i in range(1, len(ids) + 1):                     # the prompt's tokens, then the new one
+    top = lp["top_logprobs"][i]
+    want = np.sort(ref[i - 1])[::-1][:3]
+    np.testing.assert_allclose(sorted(top.values(), reverse=True), want, atol=1e-5)
+  # Greedy: the generated token is the most likely one, with the engine's own log-prob.
+  top = lp["top_logprobs"][-1]
+  assert max(top, key=top.get) == lp["tokens"][-1]
+  assert lp["token_logprobs"][-1] == pytest.approx(max(top.values()), abs=1e-4)
+
+
+def test_logprobs_zero_gives_each_generated_tokens_own_log_prob(server, tiny_model, tokenizer):
+  cfg, params = tiny_model
+  ids = tokenizer.encode(PROMPT)
+  choice = _completion(server, prompt=ids, max_tokens=6, logprobs=0, confidence=0.5)
+  alone = Sampler(cfg, params, cache_length=CACHE_LENGTH, out_length=CACHE_LENGTH).decode(
+      [ids], max_new_tokens=6, confidence=0.5, temperature=0.0)
+  lp = choice["logprobs"]
+  assert choice["token_ids"] == alone.tokens[0]
+  assert lp["top_logprobs"] is None and len(lp["tokens"]) == len(alone.tokens[0])
+  np.testing.assert_allclose(lp["token_logprobs"], alone.logprobs[0], atol=1e-6)
+  assert lp["text_offset"][0] == len(tokenizer.decode(ids))
+  assert "logprobs" in choice and _completion(server, prompt=ids, max_tokens=2)["logprobs"] is None
+
+
+def test_prompt_scoring_compiles_once_per_length_bucket(tiny_model, tokenizer):
+  cfg, params = tiny_model
+  key = (cfg.base, "top4")                       # k = 4: no other test asks for it
+  before = TRACES[key]
+  with serving(make_engine("continuous", cfg, params), cfg, tokenizer, "continuous") as server:
+    for prompt in ("hello", "the cat sat on the mat", "a dog sat on a red mat one two three"):
+      assert len(_completion(server, prompt=prompt, max_tokens=1, echo=True,
+                             logprobs=4)["logprobs"]["top_logprobs"][-1]) == 4
+  assert TRACES[key] - before == 1               # every prompt fits the smallest bucket (32)
+
+
+def test_worker_call_runs_on_the_engine_thread_and_passes_errors_back(tiny_model):
+  worker = EngineWorker(make_engine("serial", *tiny_model), capacity=2).start()
+
+  async def calls():
+    name = await worker.call(lambda: threading.current_thread().name)
+    with pytest.raises(ZeroDivisionError):
+      await worker.call(lambda: 1 / 0)
+    return name
+  assert asyncio.run(calls()) == "hamburger-engine"
+  worker.close(timeout=30)
+
+  async def too_late():
+    return worker.call(lambda: 1)
+  with pytest.raises(ShuttingDown):
+    asyncio.run(too_late())
+
+
+@pytest.mark.parametrize("fields, param", [
+    (dict(logprobs=6, max_tokens=1), "logprobs"),
+    (dict(logprobs=True, max_tokens=1), "logprobs"),
+    (dict(logprobs=2, max_tokens=3), "logprobs"),
+    (dict(echo=True, stream=True), "stream"),
+    (dict(echo="yes"), "echo"),
+])
+def test_bad_logprobs_requests_are_400_naming_the_field(server, fields, param):
+  r = _post(server, "/v1/completions", dict({"model": MODEL, "prompt": PROMPT}, **fields))
+  assert r.status_code == 400, r.text
+  assert r.json()["error"]["param"] == param
+
+
+def test_chat_logprobs_stay_unsupported(server):
+  r = _post(server, "/v1/chat/completions", {"model": MODEL, "logprobs": True,
+                                             "messages": [{"role": "user", "content": "hi"}]})
+  assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs"
+
+
+def test_tokenizer_endpoints(server, tiny_model, tokenizer):
+  info = httpx2.get(server.url + "/tokenizer_info", timeout=30).json()
+  eos = tiny_model[0].base.eos_token_ids[0]
+  assert info["eos_token"] == tokenizer.decode([eos], skip_special=False)
+  assert info["model_max_length"] == CACHE_LENGTH
+  r = _post(server, "/tokenize", {"prompt": PROMPT, "add_special_tokens": False}).json()
+  assert r["tokens"] == tokenizer.encode(PROMPT) and r["count"] == len(r["tokens"])
+  assert _post(server, "/detokenize", {"tokens": r["tokens"]}).json()["prompt"] == PROMPT
+  for path, body, param in (("/tokenize", {"prompt": 5}, "prompt"),
+                            ("/detokenize", {"tokens": [1, 10**6]}, "tokens"),
+                            ("/detokenize", {"tokens": "1 2"}, "tokens")):
+    resp = _post(server, path, body)
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == param
+
+
+def test_lm_eval_log_likelihood_on_a_local_multiple_choice_task(tiny_model, tokenizer,
+                                                                 base_log_probs, tmp_path):
+  cfg, params = tiny_model
+  with serving(make_engine("continuous", cfg, params), cfg, tokenizer, "continuous") as server:
+    model_args = (f"model={MODEL},base_url={server.url}/v1/completions,"
+                  "tokenizer_backend=remote,num_concurrent=2,max_retries=1")
+    proc = run_lm_eval("local-completions", model_args, "hamburger_mc", str(tmp_path))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  [results_file] = glob.glob(str(tmp_path / MODEL / "results_*.json"))
+  with open(results_file) as f:
+    assert 0.0 <= json.load(f)["results"]["hamburger_mc"]["acc,none"] <= 1.0
+  [samples_file] = glob.glob(str(tmp_path / MODEL / "samples_hamburger_mc_*.jsonl"))
+  with open(samples_file) as f:
+    samples = [json.loads(line) for line in f]
+  assert len(samples) == 20
+  for s in samples[:3]:                 # each choice's log-likelihood is the base model's
+    for args, [(loglik, _)] in zip(s["arguments"].values(), s["resps"]):
+      context, continuation = args["arg_0"], args["arg_1"]
+      ctx = tokenizer.encode(context, add_special_tokens=False)
+      whole = ctx + tokenizer.encode(continuation, add_special_tokens=False)
+      ref = base_log_probs(whole)
+      want = sum(ref[i - 1, whole[i]] for i in range(len(ctx), len(whole)))
+      assert float(loglik) == pytest.approx(want, abs=1e-4)
