@@ -31,8 +31,8 @@ def _error_response(e: ApiError) -> JSONResponse:
 
 
 async def _collect(run: Run, fmt: Formatter, prompt_ids=(), scores=None) -> dict:
-  """The whole response; with echo / logprobs (text completions) the prompt's text and
-  log-probs (`scores`, `Service.score_prompt`) come first."""
+  """The whole response; with echo the prompt's text comes first; log-probs from the pieces
+  and `scores` (`Service.score_prompt`)."""
   texts, ids, logprobs = [], [], []
   async for piece in run.pieces():
     texts.append(piece.text)
@@ -44,7 +44,8 @@ async def _collect(run: Run, fmt: Formatter, prompt_ids=(), scores=None) -> dict
       if settings.echo:
         text = service.prompt_text(prompt_ids) + text
       return fmt.full(text, ids, piece.finish_reason, piece.usage,
-                      service.logprobs_object(list(prompt_ids), scores, ids, logprobs, settings))
+                      service.logprobs_object(list(prompt_ids), scores, ids, logprobs, settings,
+                                              fmt.chat))
   raise RuntimeError("The request ended without a finish reason.")
 
 

@@ -10,11 +10,13 @@ Extensions beside OpenAI's fields: `top_k` (0 = off), `confidence` (HAMburger's 
 threshold in (0, 1]: a macro step's group goes on while 1 - p_stop >= it) and `min_token_prob`
 (in [0, 1]: a drafted token joins its group only if its probability is >= it; 0 = off).
 
-/v1/completions also takes `echo` (the prompt before the completion) and `logprobs` N in
-0..MAX_LOGPROBS (each token's log-prob and the N most likely tokens at each position), not
-streamed. The N most likely tokens are known for the prompt and the first generated token only
-(later tokens come from merged context and micro steps, whose full distributions the decode loop
-does not keep), so N >= 1 needs max_tokens 1, as lm-eval's log-likelihood requests send.
+Log-probs, not streamed: /v1/completions takes `echo` (the prompt before the completion) and
+`logprobs` N in 0..MAX_LOGPROBS (each token's log-prob and the N most likely tokens at each
+position); /v1/chat/completions takes `logprobs` true with `top_logprobs` N in
+0..MAX_TOP_LOGPROBS. The N most likely tokens are known for the prompt and the first generated
+token only (later tokens come from merged context and micro steps, whose full distributions the
+decode loop does not keep), so N >= 1 needs max_tokens 1, as lm-eval's log-likelihood requests
+send.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 
 MAX_STOP_STRINGS = 4
 MAX_LOGPROBS = 5                  # OpenAI's limit for /v1/completions
+MAX_TOP_LOGPROBS = 20             # OpenAI's limit for /v1/chat/completions
 SEED_LIMIT = 2**31
 
 
@@ -69,7 +72,7 @@ class Settings:
   stream: bool
   include_usage: bool
   echo: bool = False                # /v1/completions: the prompt before the completion
-  logprobs: int | None = None       # /v1/completions: top log-probs per position (None = off)
+  logprobs: int | None = None       # most likely tokens listed per position (None: no log-probs)
 
 
 def parse_body(raw: bytes) -> dict:
@@ -112,13 +115,13 @@ _NEUTRAL = {"n": (1,), "best_of": (1,), "echo": (False,), "logprobs": (False, 0)
             "logit_bias": ({},), "suffix": ("",), "tools": ([],), "functions": ([],)}
 
 
-_COMPLETION_FIELDS = ("echo", "logprobs")      # implemented for /v1/completions only
+_IMPLEMENTED = {False: ("echo", "logprobs"), True: ("logprobs", "top_logprobs")}   # by chat
 
 
 def _unsupported(body: dict, chat: bool) -> None:
   """OpenAI fields this server does not implement: accepted only absent or at a neutral value."""
   for name, neutral in _NEUTRAL.items():
-    if not chat and name in _COMPLETION_FIELDS:
+    if name in _IMPLEMENTED[chat]:
       continue
     value = body.get(name)
     if value is not None and not any(type(value) is type(a) and value == a for a in neutral):
@@ -153,20 +156,27 @@ def _flag(body: dict, name: str) -> bool:
   return value
 
 
-def _completion_logprobs(body: dict, max_tokens: int, stream: bool) -> tuple[bool, int | None]:
-  """(echo, logprobs) of a /v1/completions request, checked."""
-  echo = _flag(body, "echo")
-  logprobs = body.get("logprobs")
-  if logprobs is not None:
-    logprobs = _number(body, "logprobs", None, 0, MAX_LOGPROBS, integer=True)
-  if stream and (echo or logprobs is not None):
+def _log_probs(body: dict, chat: bool, max_tokens: int, stream: bool) -> tuple[bool, int | None]:
+  """(echo, most likely tokens per position or None) of a request, checked."""
+  if chat:
+    echo, name = False, "top_logprobs"
+    top = _number(body, name, 0, 0, MAX_TOP_LOGPROBS, integer=True)
+    if not _flag(body, "logprobs"):
+      if top:
+        raise ApiError(400, "'top_logprobs' needs 'logprobs': true.", name)
+      top = None
+  else:
+    echo, name = _flag(body, "echo"), "logprobs"
+    top = (None if body.get(name) is False             # false: off, as chat clients write it
+           else _number(body, name, None, 0, MAX_LOGPROBS, integer=True))
+  if stream and (echo or top is not None):
     raise ApiError(400, "'echo' and 'logprobs' are not supported with 'stream': drop 'stream'.",
                    "stream")
-  if logprobs and max_tokens > 1:
-    raise ApiError(400, f"'logprobs' = {logprobs} needs 'max_tokens' 1: the most likely tokens "
-                        "are known for the prompt and the first generated token only ("
-                        "'logprobs' 0 gives every generated token's own log-prob).", "logprobs")
-  return echo, logprobs
+  if top and max_tokens > 1:
+    raise ApiError(400, f"'{name}' = {top} needs 'max_tokens' 1: the most likely tokens are known "
+                        f"for the prompt and the first generated token only ('{name}' 0 gives "
+                        "every generated token's own log-prob).", name)
+  return echo, top
 
 
 def parse_settings(body: dict, limits: Limits, chat: bool = True) -> Settings:
@@ -180,7 +190,7 @@ def parse_settings(body: dict, limits: Limits, chat: bool = True) -> Settings:
     raise ApiError(400, f"'stream_options' must be an object, got {options!r}.", "stream_options")
   seed = body.get("seed")
   stream = _flag(body, "stream")
-  echo, logprobs = (False, None) if chat else _completion_logprobs(body, max_tokens, stream)
+  echo, logprobs = _log_probs(body, chat, max_tokens, stream)
   return Settings(
       max_tokens=max_tokens,
       temperature=_number(body, "temperature", limits.default_temperature, 0.0, 2.0),

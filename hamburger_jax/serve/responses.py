@@ -39,10 +39,11 @@ class Formatter:
 
   def full(self, text: str, token_ids: list[int], finish_reason: str, usage: dict,
            logprobs: dict | None = None) -> dict:
-    """The non-streamed response (`logprobs`: a text completion's, see `logprobs_object`)."""
+    """The non-streamed response (`logprobs`: `chat_logprobs` / `completion_logprobs`)."""
     choice = {"index": 0, "finish_reason": finish_reason, "token_ids": token_ids}
     if self.chat:
       choice["message"] = {"role": "assistant", "content": text}
+      choice["logprobs"] = logprobs
       return self._envelope("chat.completion", [choice], usage)
     choice.update(text=text, logprobs=logprobs)
     return self._envelope("text_completion", [choice], usage)
@@ -62,8 +63,8 @@ class Formatter:
     return self._envelope("chat.completion.chunk" if self.chat else "text_completion", [], usage)
 
 
-def logprobs_object(tokens: list[str], token_logprobs: list, top_logprobs: list | None,
-                    start: int) -> dict:
+def completion_logprobs(tokens: list[str], token_logprobs: list, top_logprobs: list | None,
+                        start: int) -> dict:
   """A text completion's `logprobs`: per token its text, its log-prob (None for a prompt's first
   token, which has no predictor), the most likely tokens there ({text: log-prob}, None at the
   first prompt token; the list is None when none were asked) and its character offset in the
@@ -74,3 +75,11 @@ def logprobs_object(tokens: list[str], token_logprobs: list, top_logprobs: list 
     at += len(t)
   return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
           "text_offset": offsets}
+
+
+def chat_logprobs(tokens: list[str], token_logprobs: list[float], top_logprobs: list[dict]) -> dict:
+  """A chat completion's `logprobs`: {"content": [{token, logprob, bytes, top_logprobs}]} per
+  generated token (top_logprobs: [{token, logprob, bytes}], most likely first)."""
+  entry = lambda t, lp: {"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))}
+  return {"content": [dict(entry(t, lp), top_logprobs=[entry(u, v) for u, v in top.items()])
+                      for t, lp, top in zip(tokens, token_logprobs, top_logprobs)]}

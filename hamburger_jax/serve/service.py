@@ -5,8 +5,8 @@
     run = service.start(ids, settings, chat=True)        # ApiError 503 when the queue is full
     async for piece in run.pieces():                     # Piece(text, token_ids, finish, usage)
       ...
-    scores = await service.score_prompt(ids, k)          # /v1/completions echo / logprobs
-    service.logprobs_object(ids, scores, piece_ids, piece_logprobs, settings)
+    scores = await service.score_prompt(ids, k)          # echo / k most likely tokens
+    service.logprobs_object(ids, scores, piece_ids, piece_logprobs, settings, chat)
 
 Runs on the server's event loop and never calls JAX: the engine lives on the worker's thread.
 Tokenizing and detokenizing happen here.
@@ -159,7 +159,7 @@ class Service:
                           f"(0..{self.vocab_size - 1}).", "tokens")
     return {"prompt": tok.decode(ids)}
 
-  # -- log-probs (/v1/completions echo / logprobs) --
+  # -- log-probs (echo / logprobs) --
 
   def token_text(self, token_id: int) -> str:
     if self.tokenizer is None:
@@ -188,9 +188,11 @@ class Service:
     return top
 
   def logprobs_object(self, prompt_ids: list[int], scores, generated: list[int],
-                      generated_logprobs: list[float], settings: Settings) -> dict | None:
-    """OpenAI's completion `logprobs` (tokens, token_logprobs, top_logprobs, text_offset) over
-    the prompt (with echo) and the generated tokens; None without 'logprobs'."""
+                      generated_logprobs: list[float], settings: Settings,
+                      chat: bool) -> dict | None:
+    """OpenAI's `logprobs` of a response (None without log-probs): a text completion's covers
+    the prompt too with echo (`responses.completion_logprobs`), a chat completion's the generated
+    tokens (`responses.chat_logprobs`). scores: `score_prompt`'s, when echo or N >= 1."""
     k = settings.logprobs
     if k is None:
       return None
@@ -206,8 +208,10 @@ class Service:
     if k and generated:                              # max_tokens is 1 (parse_settings)
       _, top_ids, top_logp = scores
       top.append(self._top(top_ids[-1, :k], top_logp[-1, :k]))
+    if chat:
+      return responses.chat_logprobs(tokens, values, top if k else [{}] * len(tokens))
     start = 0 if settings.echo else len(self.prompt_text(prompt_ids))
-    return responses.logprobs_object(tokens, values, top if k else None, start)
+    return responses.completion_logprobs(tokens, values, top if k else None, start)
 
   def start_draining(self, grace_s: float) -> None:
     """New requests get 503; running ones are answered at the latest `grace_s` from now."""

@@ -1,5 +1,5 @@
-"""Log-probs over the server: /v1/completions with echo and logprobs against the base model's own
-log-softmax and the engine's decode alone, the tokenizer endpoints, and lm-eval's
+"""Log-probs over the server: /v1/completions with echo and logprobs and chat logprobs against the
+base model's own log-softmax and the engine's decode alone, the tokenizer endpoints, and lm-eval's
 `local-completions` log-likelihood requests on the local multiple-choice task
 benchmarks/lm_eval_tasks/hamburger_mc (lm-eval tokenizes through the server's /tokenize)."""
 
@@ -13,6 +13,7 @@ import threading
 import httpx2
 import jax
 import numpy as np
+import openai
 import pytest
 
 from conftest import CACHE_LENGTH, MODEL, make_engine, run_lm_eval, serving
@@ -123,10 +124,45 @@ def test_bad_logprobs_requests_are_400_naming_the_field(server, fields, param):
   assert r.json()["error"]["param"] == param
 
 
-def test_chat_logprobs_stay_unsupported(server):
-  r = _post(server, "/v1/chat/completions", {"model": MODEL, "logprobs": True,
-                                             "messages": [{"role": "user", "content": "hi"}]})
-  assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs"
+def test_chat_logprobs_through_the_openai_client(server, tiny_model, tokenizer, base_log_probs):
+  client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+  messages = [{"role": "user", "content": "the cat sat on the"}]
+  ids = tokenizer.encode(messages, chat=True)
+  one = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=1,
+                                       temperature=0, logprobs=True, top_logprobs=3)
+  [entry] = one.choices[0].logprobs.content
+  want = np.sort(base_log_probs(ids)[-1])[::-1][:3]       # the base after the whole chat prompt
+  np.testing.assert_allclose([t.logprob for t in entry.top_logprobs], want, atol=1e-5)
+  assert entry.token == entry.top_logprobs[0].token
+  assert entry.logprob == pytest.approx(want[0], abs=1e-4)
+  assert bytes(entry.bytes).decode() == entry.token
+  many = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=5,
+                                        temperature=0, logprobs=True,
+                                        extra_body={"confidence": 0.5})
+  cfg, params = tiny_model
+  alone = Sampler(cfg, params, cache_length=CACHE_LENGTH, out_length=CACHE_LENGTH).decode(
+      [ids], max_new_tokens=5, confidence=0.5, temperature=0.0,
+      stop_ids=tuple(tokenizer.stop_ids(chat=True)))
+  content = many.choices[0].logprobs.content
+  assert [e.top_logprobs for e in content] == [[]] * len(alone.tokens[0])
+  np.testing.assert_allclose([e.logprob for e in content], alone.logprobs[0], atol=1e-6)
+  plain = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
+  assert plain.choices[0].logprobs is None
+
+
+@pytest.mark.parametrize("fields, param", [
+    (dict(top_logprobs=2, max_tokens=1), "top_logprobs"),
+    (dict(logprobs=True, top_logprobs=21, max_tokens=1), "top_logprobs"),
+    (dict(logprobs=True, top_logprobs=2, max_tokens=3), "top_logprobs"),
+    (dict(logprobs=1), "logprobs"),
+    (dict(logprobs=True, stream=True), "stream"),
+    (dict(echo=True), "echo"),
+])
+def test_bad_chat_logprobs_requests_are_400_naming_the_field(server, fields, param):
+  body = dict({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}, **fields)
+  r = _post(server, "/v1/chat/completions", body)
+  assert r.status_code == 400, r.text
+  assert r.json()["error"]["param"] == param
 
 
 def test_tokenizer_endpoints(server, tiny_model, tokenizer):
