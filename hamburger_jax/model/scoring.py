@@ -62,12 +62,14 @@ def _log_probs_and_top(cfg: LlamaConfig, k: int, params, tokens, lengths):
   TRACES[(cfg, f"top{k}")] += 1
   seq = tokens.shape[1]
   segment_ids = (jnp.arange(seq)[None, :] < lengths[:, None]).astype(jnp.int32)
-  logits = LlamaModel(cfg).apply({"params": params}, tokens, segment_ids=segment_ids).logits
-  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)      # [B, L, V]
-  picked = jnp.take_along_axis(logp[:, :-1], tokens[:, 1:, None], axis=-1)[..., 0]
-  top_logp, top_ids = jax.lax.top_k(logp, k)
+  logits = LlamaModel(cfg).apply({"params": params}, tokens,
+                                 segment_ids=segment_ids).logits.astype(jnp.float32)
+  log_norm = jax.nn.logsumexp(logits, axis=-1)                          # [B, L]
+  picked = jnp.take_along_axis(logits[:, :-1], tokens[:, 1:, None], axis=-1)[..., 0]
+  picked = picked - log_norm[:, :-1]
+  top_logits, top_ids = jax.lax.top_k(logits, k)                        # no [B, L, V] log-probs
   return (jnp.concatenate([jnp.zeros_like(picked[:, :1]), picked], axis=1),
-          top_ids.astype(jnp.int32), top_logp)
+          top_ids.astype(jnp.int32), top_logits - log_norm[..., None])
 
 
 class Scorer:

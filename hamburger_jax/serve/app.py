@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 import fastapi
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -112,13 +113,17 @@ async def _complete(request: fastapi.Request, chat: bool):
     ids = service.encode_chat(protocol.chat_messages(body))
   else:
     ids = service.encode_completion(protocol.completion_prompt(body))
-  scores = None
-  if settings.logprobs is not None and (settings.echo or settings.logprobs):
-    scores = await service.score_prompt(ids, settings.logprobs)
   run = service.start(ids, settings, chat)
   fmt = Formatter(chat, service.model_id)
   if settings.stream:
     return _RunStream(run, fmt)
+  scores = None
+  if settings.logprobs is not None and (settings.echo or settings.logprobs):
+    try:                            # beside the admitted request, within its deadline
+      scores = await service.score_prompt(ids, run.deadline - time.monotonic())
+    except BaseException:
+      run.cancel()
+      raise
   body = await _collect_while_connected(request, run, fmt, ids, scores)
   if body is None:                  # nobody is listening; the status is only logged
     return Response(status_code=499)

@@ -64,22 +64,18 @@ class Formatter:
 
 
 def completion_logprobs(tokens: list[str], token_logprobs: list, top_logprobs: list | None,
-                        start: int) -> dict:
+                        text_offset: list[int]) -> dict:
   """A text completion's `logprobs`: per token its text, its log-prob (None for a prompt's first
   token, which has no predictor), the most likely tokens there ({text: log-prob}, None at the
-  first prompt token; the list is None when none were asked) and its character offset in the
-  response text (from `start`)."""
-  offsets, at = [], start
-  for t in tokens:
-    offsets.append(at)
-    at += len(t)
+  first prompt token; the list is None when none were asked) and its character offset."""
   return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
-          "text_offset": offsets}
+          "text_offset": text_offset}
 
 
 def chat_logprobs(tokens: list[str], token_logprobs: list[float], top_logprobs: list[dict]) -> dict:
   """A chat completion's `logprobs`: {"content": [{token, logprob, bytes, top_logprobs}]} per
-  generated token (top_logprobs: [{token, logprob, bytes}], most likely first)."""
+  generated token (top_logprobs: [{token, logprob, bytes}], most likely first; bytes: the UTF-8
+  of the token's text)."""
   entry = lambda t, lp: {"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))}
   return {"content": [dict(entry(t, lp), top_logprobs=[entry(u, v) for u, v in top.items()])
                       for t, lp, top in zip(tokens, token_logprobs, top_logprobs)]}

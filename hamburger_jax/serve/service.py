@@ -5,7 +5,7 @@
     run = service.start(ids, settings, chat=True)        # ApiError 503 when the queue is full
     async for piece in run.pieces():                     # Piece(text, token_ids, finish, usage)
       ...
-    scores = await service.score_prompt(ids, k)          # echo / k most likely tokens
+    scores = await service.score_prompt(ids, timeout_s)  # echo / most likely tokens
     service.logprobs_object(ids, scores, piece_ids, piece_logprobs, settings, chat)
 
 Runs on the server's event loop and never calls JAX: the engine lives on the worker's thread.
@@ -16,16 +16,20 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import time
 from typing import AsyncIterator, Sequence
 
 from hamburger_jax.decode.batching import Request
-from hamburger_jax.serve import responses
+from hamburger_jax.serve import protocol, responses
 from hamburger_jax.serve.protocol import ApiError, Limits, Settings
 from hamburger_jax.serve.text import TextOutput
 from hamburger_jax.serve.worker import EngineWorker, Failure, QueueFull, ShuttingDown
 
 _POLL_S = 0.5           # how often a waiting request rechecks its deadline
+# Most likely tokens every prompt scoring lists (the most a request may ask): one compile per
+# prompt length bucket, whatever a request's N.
+SCORED_TOP = protocol.MAX_TOP_LOGPROBS
 _RETRY_AFTER_S = "1"
 # The engine's finish reasons in OpenAI's words.
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "buffer_full": "length"}
@@ -131,10 +135,14 @@ class Service:
     return self.tokenizer
 
   def tokenizer_info(self) -> dict:
-    self._need_tokenizer(None)
+    """eos_token: the first EOS id's text; bos_token: the token that plain-text encoding puts
+    first on its own (None if it adds none)."""
+    tok = self._need_tokenizer(None)
     eos = self.worker.engine.eos_ids
-    return {"eos_token": self.token_text(eos[0]) if eos else None, "bos_token": None,
-            "pad_token": None, "model_max_length": self.max_prompt_len}
+    bos = tok.encode("", add_special_tokens=True)
+    return {"eos_token": self.token_text(eos[0]) if eos else None,
+            "bos_token": self.token_text(bos[0]) if bos else None, "pad_token": None,
+            "model_max_length": self.max_prompt_len}
 
   def tokenize(self, body: dict) -> dict:
     tok = self._need_tokenizer("prompt")
@@ -167,19 +175,49 @@ class Service:
     return self.tokenizer.decode([token_id], skip_special=False)
 
   def prompt_text(self, prompt_ids: Sequence[int]) -> str:
-    """The prompt as `echo` puts it before the completion's text."""
+    """The prompt as `echo` puts it before the completion's text (special tokens written out)."""
     if self.tokenizer is None:
       return "".join(f"{i} " for i in prompt_ids)        # ids, as a token-id server writes them
-    return self.tokenizer.decode(prompt_ids)
+    return self.tokenizer.decode(prompt_ids, skip_special=False)
 
-  async def score_prompt(self, prompt_ids: list[int], k: int):
-    """(log p of each prompt token [L], top-k ids and log-probs after each position [L, k]),
-    computed on the engine thread (`Scorer.top_log_probs`)."""
+  def _starts(self, ids: Sequence[int], skip_special: bool) -> list[int]:
+    """Where each token's text starts in the rendering of `ids` (ids joined by spaces without a
+    tokenizer): decoding ids[:i + 1] ends with token i's text (a special token that the
+    rendering skips gets the offset of what follows)."""
+    if self.tokenizer is None:
+      return list(itertools.accumulate((len(str(i)) + 1 for i in ids[:-1]), initial=0))
+    starts, at = [], 0
+    for i, token in enumerate(ids):
+      end = len(self.tokenizer.decode(ids[:i + 1], skip_special=skip_special))
+      at = min(max(end - len(self.token_text(token)), at), end)
+      starts.append(at)
+    return starts
+
+  def _text_offsets(self, prompt_ids: Sequence[int], generated: Sequence[int],
+                    echo: bool) -> list[int]:
+    """Each listed token's character offset in the response text (counted from the prompt's
+    start, as OpenAI's are)."""
+    start = len(self.prompt_text(prompt_ids))
+    return ((self._starts(prompt_ids, skip_special=False) if echo else [])
+            + [start + at for at in self._starts(generated, skip_special=True)])
+
+  async def score_prompt(self, prompt_ids: list[int], timeout_s: float):
+    """(log p of each prompt token [L], the SCORED_TOP most likely next tokens after each
+    position: ids and log-probs [L, SCORED_TOP]), computed on the engine thread between engine
+    steps (`Scorer.top_log_probs`); ApiError 408 after timeout_s, 500 if it fails."""
     scorer = self.worker.engine.scorer
     try:
-      return await self.worker.call(lambda: scorer.top_log_probs([prompt_ids], max(k, 1))[0])
+      return await asyncio.wait_for(
+          self.worker.call(lambda: scorer.top_log_probs([prompt_ids], SCORED_TOP)[0]),
+          max(timeout_s, 0.0))
     except ShuttingDown as e:
       raise ApiError(503, str(e), kind="server_error", code="shutting_down") from e
+    except asyncio.TimeoutError as e:
+      raise ApiError(408, f"Scoring the prompt took longer than the server's timeout of "
+                          f"{self.request_timeout:g} s.", kind="timeout",
+                     code="request_timeout") from e
+    except Exception as e:  # pylint: disable=broad-except
+      raise ApiError(500, f"Scoring the prompt failed: {e}", kind="server_error") from e
 
   def _top(self, ids, logps) -> dict[str, float]:
     top: dict[str, float] = {}
@@ -210,8 +248,8 @@ class Service:
       top.append(self._top(top_ids[-1, :k], top_logp[-1, :k]))
     if chat:
       return responses.chat_logprobs(tokens, values, top if k else [{}] * len(tokens))
-    start = 0 if settings.echo else len(self.prompt_text(prompt_ids))
-    return responses.completion_logprobs(tokens, values, top if k else None, start)
+    return responses.completion_logprobs(tokens, values, top if k else None,
+                                         self._text_offsets(prompt_ids, generated, settings.echo))
 
   def start_draining(self, grace_s: float) -> None:
     """New requests get 503; running ones are answered at the latest `grace_s` from now."""

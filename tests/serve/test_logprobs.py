@@ -16,10 +16,11 @@ import numpy as np
 import openai
 import pytest
 
-from conftest import CACHE_LENGTH, MODEL, make_engine, run_lm_eval, serving
+from conftest import CACHE_LENGTH, CHATML, MODEL, make_engine, run_lm_eval, serving
 from hamburger_jax.decode.sampler import Sampler
 from hamburger_jax.model.llama import LlamaModel
 from hamburger_jax.model.scoring import TRACES
+from hamburger_jax.serve.service import SCORED_TOP
 from hamburger_jax.serve.worker import EngineWorker, ShuttingDown
 
 PROMPT = "hello the world cat sat on the"
@@ -33,6 +34,14 @@ def _completion(server, **fields):
   r = _post(server, "/v1/completions", dict({"model": MODEL, "temperature": 0}, **fields))
   assert r.status_code == 200, r.text
   return r.json()["choices"][0]
+
+
+def _check_offsets(text, lp):
+  """Every listed token stands in the text at its offset, in order (special tokens, which the
+  generated text leaves out, aside)."""
+  assert lp["text_offset"] == sorted(lp["text_offset"])
+  for token, at in zip(lp["tokens"], lp["text_offset"]):
+    assert token in CHATML or text[at:at + len(token)] == token, (text, token, at)
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +63,7 @@ def test_echo_logprobs_are_the_base_models_and_the_first_token_is_its_top(server
   (new_id,) = choice["token_ids"]
   assert choice["text"] == tokenizer.decode(ids) + tokenizer.decode([new_id])
   assert lp["tokens"] == [tokenizer.decode([i], skip_special=False) for i in ids + [new_id]]
-  assert lp["text_offset"] == np.cumsum([0] + [len(t) for t in lp["tokens"][:-1]]).tolist()
+  _check_offsets(choice["text"], lp)
   ref = base_log_probs(ids)                                               # [L, V]
   assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
   np.testing.assert_allclose(lp["token_logprobs"][1:len(ids)],
@@ -79,19 +88,32 @@ def test_logprobs_zero_gives_each_generated_tokens_own_log_prob(server, tiny_mod
   assert choice["token_ids"] == alone.tokens[0]
   assert lp["top_logprobs"] is None and len(lp["tokens"]) == len(alone.tokens[0])
   np.testing.assert_allclose(lp["token_logprobs"], alone.logprobs[0], atol=1e-6)
-  assert lp["text_offset"][0] == len(tokenizer.decode(ids))
+  _check_offsets(tokenizer.decode(ids) + choice["text"], lp)
   assert "logprobs" in choice and _completion(server, prompt=ids, max_tokens=2)["logprobs"] is None
 
 
 def test_prompt_scoring_compiles_once_per_length_bucket(tiny_model, tokenizer):
   cfg, params = tiny_model
-  key = (cfg.base, "top4")                       # k = 4: no other test asks for it
+  key = (cfg.base, f"top{SCORED_TOP}")
   before = TRACES[key]
+  words = "the cat sat on a red mat".split()
   with serving(make_engine("continuous", cfg, params), cfg, tokenizer, "continuous") as server:
-    for prompt in ("hello", "the cat sat on the mat", "a dog sat on a red mat one two three"):
-      assert len(_completion(server, prompt=prompt, max_tokens=1, echo=True,
-                             logprobs=4)["logprobs"]["top_logprobs"][-1]) == 4
-  assert TRACES[key] - before == 1               # every prompt fits the smallest bucket (32)
+    for n, k in ((33, 1), (40, 4), (47, 2)):       # bucket 48, which no other test here fills
+      prompt = " ".join(words[i % len(words)] for i in range(n))
+      choice = _completion(server, prompt=prompt, max_tokens=1, echo=True, logprobs=k)
+      assert len(choice["logprobs"]["top_logprobs"][-1]) == k
+  assert TRACES[key] - before == 1               # whatever the N asked for
+
+
+def test_token_id_server_offsets(tiny_model):
+  cfg, params = tiny_model
+  with serving(make_engine("serial", cfg, params), cfg, None) as server:
+    for echo in (True, False):
+      choice = _completion(server, prompt=[1, 15, 7], max_tokens=3, echo=echo, logprobs=0)
+      text, lp = choice["text"], choice["logprobs"]
+      assert text.startswith("1 15 7 ") == echo
+      _check_offsets(("" if echo else "1 15 7 ") + text, lp)
+      assert len(lp["tokens"]) == 3 * echo + len(choice["token_ids"])
 
 
 def test_worker_call_runs_on_the_engine_thread_and_passes_errors_back(tiny_model):
