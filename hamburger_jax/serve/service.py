@@ -230,7 +230,9 @@ class Service:
                       chat: bool) -> dict | None:
     """OpenAI's `logprobs` of a response (None without log-probs): a text completion's covers
     the prompt too with echo (`responses.completion_logprobs`), a chat completion's the generated
-    tokens (`responses.chat_logprobs`). scores: `score_prompt`'s, when echo or N >= 1."""
+    tokens but a final end of turn, which its message leaves out (`responses.chat_logprobs`).
+    Generated tokens: all the engine produced (past the cut of a stop string too). scores:
+    `score_prompt`'s, when echo or N >= 1."""
     k = settings.logprobs
     if k is None:
       return None
@@ -247,7 +249,12 @@ class Service:
       _, top_ids, top_logp = scores
       top.append(self._top(top_ids[-1, :k], top_logp[-1, :k]))
     if chat:
-      return responses.chat_logprobs(tokens, values, top if k else [{}] * len(tokens))
+      top = top if k else [{}] * len(tokens)
+      ends = set(self.chat_stop_ids) | set(self.worker.engine.eos_ids)
+      hidden_end = (bool(generated) and generated[-1] in ends
+                    and not self.tokenizer.decode(generated[-1:]))  # the message skips it
+      keep = len(tokens) - hidden_end
+      return responses.chat_logprobs(tokens[:keep], values[:keep], top[:keep])
     return responses.completion_logprobs(tokens, values, top if k else None,
                                          self._text_offsets(prompt_ids, generated, settings.echo))
 

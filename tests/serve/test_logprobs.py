@@ -20,6 +20,7 @@ from conftest import CACHE_LENGTH, CHATML, MODEL, make_engine, run_lm_eval, serv
 from hamburger_jax.decode.sampler import Sampler
 from hamburger_jax.model.llama import LlamaModel
 from hamburger_jax.model.scoring import TRACES
+from hamburger_jax.serve import protocol
 from hamburger_jax.serve.service import SCORED_TOP
 from hamburger_jax.serve.worker import EngineWorker, ShuttingDown
 
@@ -170,6 +171,17 @@ def test_chat_logprobs_through_the_openai_client(server, tiny_model, tokenizer, 
   np.testing.assert_allclose([e.logprob for e in content], alone.logprobs[0], atol=1e-6)
   plain = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
   assert plain.choices[0].logprobs is None
+
+
+def test_chat_logprobs_leave_out_a_final_end_of_turn_as_the_message_does(server, tokenizer):
+  settings = protocol.parse_settings({"logprobs": True, "max_tokens": 4},
+                                     protocol.Limits(max_tokens=8, default_max_tokens=8))
+  end = tokenizer.stop_ids(chat=True)[0]                               # <|im_end|>: special
+  lp = server.service.logprobs_object([5], None, [7, 8, end], [-1.0, -2.0, -3.0], settings,
+                                      chat=True)
+  assert [(e["token"], e["logprob"]) for e in lp["content"]] == [("cat", -1.0), ("sat", -2.0)]
+  lp = server.service.logprobs_object([5], None, [7, 8], [-1.0, -2.0], settings, chat=True)
+  assert len(lp["content"]) == 2
 
 
 @pytest.mark.parametrize("fields, param", [
