@@ -2,10 +2,11 @@
 
     app = create_app(service)      # then uvicorn.run(app, host="127.0.0.1", port=8000)
 
-Routes: POST /v1/chat/completions, POST /v1/completions (both streamed with "stream": true),
-GET /v1/models, GET /health (200 while serving, 503 while shutting down), and the tokenizer in
-vLLM's shapes (GET /tokenizer_info, POST /tokenize, POST /detokenize: lm-eval's "remote"
-tokenizer, so its log-likelihood tasks run against /v1/completions with no tokenizer download).
+Routes: POST /v1/chat/completions, POST /v1/completions (one prompt, or a batch of them with one
+choice each; both streamed with "stream": true, one prompt), GET /v1/models, GET /health (200
+while serving, 503 while shutting down), and the tokenizer in vLLM's shapes (GET
+/tokenizer_info, POST /tokenize, POST /detokenize: lm-eval's "remote" tokenizer, so its
+log-likelihood tasks run against /v1/completions with no tokenizer download).
 Errors are OpenAI error objects: 400 bad request, 404 unknown model or route, 408 request
 timeout, 503 queue full (with Retry-After) or shutting down. A request whose client hangs up is
 cancelled. The engine worker starts and stops with the app's lifespan.
@@ -24,16 +25,16 @@ from starlette.exceptions import HTTPException
 from hamburger_jax.serve import protocol
 from hamburger_jax.serve.protocol import ApiError
 from hamburger_jax.serve.responses import DONE, Formatter, sse
-from hamburger_jax.serve.service import Run, Service
+from hamburger_jax.serve.service import Run, Service, merged_usage
 
 
 def _error_response(e: ApiError) -> JSONResponse:
   return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
 
-async def _collect(run: Run, fmt: Formatter, prompt_ids=(), scores=None) -> dict:
-  """The whole response; with echo the prompt's text comes first; log-probs from the pieces
-  and `scores` (`Service.score_prompt`)."""
+async def _choice(run: Run, fmt: Formatter, index: int, prompt_ids, scores) -> tuple:
+  """-> (choice, usage) of one prompt's run; with echo the prompt's text comes first; log-probs
+  from the pieces and `scores` (one entry of `Service.score_prompts`, or None)."""
   texts, ids, logprobs = [], [], []
   async for piece in run.pieces():
     texts.append(piece.text)
@@ -44,20 +45,27 @@ async def _collect(run: Run, fmt: Formatter, prompt_ids=(), scores=None) -> dict
       text = "".join(texts)
       if settings.echo:
         text = service.prompt_text(prompt_ids) + text
-      return fmt.full(text, ids, piece.finish_reason, piece.usage,
-                      service.logprobs_object(list(prompt_ids), scores, ids, logprobs, settings,
-                                              fmt.chat))
+      lp = service.logprobs_object(list(prompt_ids), scores, ids, logprobs, settings, fmt.chat)
+      return fmt.choice(text, ids, piece.finish_reason, lp, index), piece.usage
   raise RuntimeError("The request ended without a finish reason.")
+
+
+async def _collect(runs: list[Run], fmt: Formatter, prompts, scores) -> dict:
+  """The whole response: one choice per prompt, in order; the usage summed."""
+  parts = await asyncio.gather(*(_choice(run, fmt, i, ids, sc) for i, (run, ids, sc)
+                                 in enumerate(zip(runs, prompts, scores))))
+  usages = [u for _, u in parts]
+  return fmt.full([c for c, _ in parts], usages[0] if len(usages) == 1 else merged_usage(usages))
 
 
 _DISCONNECT_POLL_S = 0.5   # how often a non-streamed request checks that its client is still there
 
 
-async def _collect_while_connected(request: fastapi.Request, run: Run, fmt: Formatter,
+async def _collect_while_connected(request: fastapi.Request, runs: list[Run], fmt: Formatter,
                                    *args):
-  """`_collect(run, fmt, *args)`, or None once the client has hung up (the run is cancelled
+  """`_collect(runs, fmt, *args)`, or None once the client has hung up (the runs are cancelled
   either way)."""
-  collect = asyncio.ensure_future(_collect(run, fmt, *args))
+  collect = asyncio.ensure_future(_collect(runs, fmt, *args))
   try:
     while True:
       done, _ = await asyncio.wait({collect}, timeout=_DISCONNECT_POLL_S)
@@ -67,7 +75,8 @@ async def _collect_while_connected(request: fastapi.Request, run: Run, fmt: Form
         return None
   finally:
     collect.cancel()
-    run.cancel()
+    for run in runs:
+      run.cancel()
 
 
 async def _stream(run: Run, fmt: Formatter):
@@ -110,21 +119,25 @@ async def _complete(request: fastapi.Request, chat: bool):
   protocol.check_model(body, service.model_id)
   settings = protocol.parse_settings(body, service.limits, chat)
   if chat:
-    ids = service.encode_chat(protocol.chat_messages(body))
+    prompts = [service.encode_chat(protocol.chat_messages(body))]
   else:
-    ids = service.encode_completion(protocol.completion_prompt(body))
-  run = service.start(ids, settings, chat)
+    prompts = [service.encode_completion(p) for p in protocol.completion_prompts(body)]
+  if settings.stream and len(prompts) > 1:
+    raise ApiError(400, "A streamed request takes one prompt: send the others separately.",
+                   "prompt")
+  runs = service.start_all(prompts, settings, chat)
   fmt = Formatter(chat, service.model_id)
   if settings.stream:
-    return _RunStream(run, fmt)
-  scores = None
+    return _RunStream(runs[0], fmt)
+  scores = [None] * len(prompts)
   if settings.logprobs is not None and (settings.echo or settings.logprobs):
-    try:                            # beside the admitted request, within its deadline
-      scores = await service.score_prompt(ids, run.deadline - time.monotonic())
+    try:                            # beside the admitted requests, within their deadline
+      scores = await service.score_prompts(prompts, runs[0].deadline - time.monotonic())
     except BaseException:
-      run.cancel()
+      for run in runs:
+        run.cancel()
       raise
-  body = await _collect_while_connected(request, run, fmt, ids, scores)
+  body = await _collect_while_connected(request, runs, fmt, prompts, scores)
   if body is None:                  # nobody is listening; the status is only logged
     return Response(status_code=499)
   return JSONResponse(body)

@@ -4,7 +4,7 @@
     check_model(body, "hamburger-smollm2")                # ApiError(404) for another model
     settings = parse_settings(body, limits)               # ApiError(400) naming the field
     messages = chat_messages(body)                        # /v1/chat/completions
-    prompt = completion_prompt(body)                      # /v1/completions: text or token ids
+    prompts = completion_prompts(body)                    # /v1/completions: text or ids, or a batch
 
 Extensions beside OpenAI's fields: `top_k` (0 = off), `confidence` (HAMburger's stop-head
 threshold in (0, 1]: a macro step's group goes on while 1 - p_stop >= it) and `min_token_prob`
@@ -30,6 +30,7 @@ from typing import Any
 MAX_STOP_STRINGS = 4
 MAX_LOGPROBS = 5                  # OpenAI's limit for /v1/completions
 MAX_TOP_LOGPROBS = 20             # OpenAI's limit for /v1/chat/completions
+MAX_PROMPTS = 64                  # prompts in one /v1/completions request (a batch)
 SEED_LIMIT = 2**31
 
 
@@ -237,15 +238,28 @@ def chat_messages(body: dict) -> list[dict[str, str]]:
   return out
 
 
-def completion_prompt(body: dict) -> str | list[int]:
-  """body["prompt"]: a string or a list of token ids (or a one-element list of either)."""
+def _one_prompt(prompt) -> bool:
+  """A non-empty string or a non-empty list of token ids."""
+  if isinstance(prompt, str):
+    return bool(prompt)
+  return (isinstance(prompt, list) and bool(prompt)
+          and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt))
+
+
+def completion_prompts(body: dict) -> list[str | list[int]]:
+  """body["prompt"]: a string or a list of token ids, or a list of up to MAX_PROMPTS of them (a
+  batch: one choice each, in order)."""
   prompt = body.get("prompt")
-  if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-    prompt = prompt[0]                                     # a batch of one
-  if isinstance(prompt, str) and prompt:
-    return prompt
-  if (isinstance(prompt, list) and prompt
-      and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)):
-    return prompt
-  raise ApiError(400, "'prompt' must be a non-empty string or a non-empty list of token ids "
-                      "(one prompt per request).", "prompt")
+  if _one_prompt(prompt):
+    return [prompt]
+  if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+    if len(prompt) > MAX_PROMPTS:
+      raise ApiError(400, f"'prompt' holds {len(prompt)} prompts; at most {MAX_PROMPTS} per "
+                          "request.", "prompt")
+    for i, p in enumerate(prompt):
+      if not _one_prompt(p):
+        raise ApiError(400, f"prompt[{i}] must be a non-empty string or a non-empty list of "
+                            "token ids.", "prompt")
+    return list(prompt)
+  raise ApiError(400, "'prompt' must be a non-empty string, a non-empty list of token ids, or a "
+                      f"list of up to {MAX_PROMPTS} of them.", "prompt")

@@ -1,7 +1,7 @@
 """OpenAI response bodies: whole completions, streamed chunks (server-sent events), errors.
 
     fmt = Formatter(chat=True, model="hamburger-smollm2")
-    fmt.full(text, token_ids, "stop", usage)       # a chat.completion object
+    fmt.full([fmt.choice(text, token_ids, "stop")], usage)     # a chat.completion object
     sse(fmt.chunk("Hel", [17], None, first=True))  # b'data: {...chat.completion.chunk...}\\n\\n'
 
 Each choice also carries `token_ids` (the generated ids of that response or chunk): an extension
@@ -37,16 +37,21 @@ class Formatter:
       body["usage"] = usage
     return body
 
-  def full(self, text: str, token_ids: list[int], finish_reason: str, usage: dict,
-           logprobs: dict | None = None) -> dict:
-    """The non-streamed response (`logprobs`: `chat_logprobs` / `completion_logprobs`)."""
-    choice = {"index": 0, "finish_reason": finish_reason, "token_ids": token_ids}
+  def choice(self, text: str, token_ids: list[int], finish_reason: str,
+             logprobs: dict | None = None, index: int = 0) -> dict:
+    """One choice of a non-streamed response (`logprobs`: `chat_logprobs` /
+    `completion_logprobs`)."""
+    choice = {"index": index, "finish_reason": finish_reason, "token_ids": token_ids,
+              "logprobs": logprobs}
     if self.chat:
       choice["message"] = {"role": "assistant", "content": text}
-      choice["logprobs"] = logprobs
-      return self._envelope("chat.completion", [choice], usage)
-    choice.update(text=text, logprobs=logprobs)
-    return self._envelope("text_completion", [choice], usage)
+    else:
+      choice["text"] = text
+    return choice
+
+  def full(self, choices: list[dict], usage: dict) -> dict:
+    """The non-streamed response."""
+    return self._envelope("chat.completion" if self.chat else "text_completion", choices, usage)
 
   def chunk(self, text: str, token_ids: list[int], finish_reason: str | None,
             first: bool = False) -> dict:

@@ -5,7 +5,7 @@
     run = service.start(ids, settings, chat=True)        # ApiError 503 when the queue is full
     async for piece in run.pieces():                     # Piece(text, token_ids, finish, usage)
       ...
-    scores = await service.score_prompt(ids, timeout_s)  # echo / most likely tokens
+    scores = await service.score_prompts([ids], timeout_s)   # echo / most likely tokens
     service.logprobs_object(ids, scores, piece_ids, piece_logprobs, settings, chat)
 
 Runs on the server's event loop and never calls JAX: the engine lives on the worker's thread.
@@ -28,7 +28,7 @@ from hamburger_jax.serve.worker import EngineWorker, Failure, QueueFull, Shuttin
 
 _POLL_S = 0.5           # how often a waiting request rechecks its deadline
 # Most likely tokens every prompt scoring lists (the most a request may ask): one compile per
-# prompt length bucket, whatever a request's N.
+# prompt length bucket and power-of-two count of prompts, whatever a request's N.
 SCORED_TOP = protocol.MAX_TOP_LOGPROBS
 _RETRY_AFTER_S = "1"
 # The engine's finish reasons in OpenAI's words.
@@ -54,6 +54,16 @@ def usage(prompt_tokens: int, tokens: int, macro_steps: int) -> dict:
                         "tokens_per_macro_step": round(tokens / max(macro_steps, 1), 4),
                         "kv_entries": prompt_tokens + max(macro_steps - 1, 0),
                         "kv_entries_base": prompt_tokens + max(tokens - 1, 0)}}
+
+
+def merged_usage(usages: Sequence[dict]) -> dict:
+  """The usage of a request of several prompts: every count summed."""
+  total = {k: sum(u[k] for u in usages) for k in ("prompt_tokens", "completion_tokens",
+                                                  "total_tokens")}
+  ham = {k: sum(u["hamburger"][k] for u in usages)
+         for k in ("macro_steps", "kv_entries", "kv_entries_base")}
+  ham["tokens_per_macro_step"] = round(total["completion_tokens"] / max(ham["macro_steps"], 1), 4)
+  return dict(total, hamburger=ham)
 
 
 class Service:
@@ -126,6 +136,19 @@ class Service:
     except ShuttingDown as e:
       raise ApiError(503, str(e), kind="server_error", code="shutting_down") from e
     return Run(self, ticket, len(prompt_ids), settings, time.monotonic() + self.request_timeout)
+
+  def start_all(self, prompts: Sequence[list[int]], settings: Settings,
+                chat: bool) -> list["Run"]:
+    """`start` for each prompt; if one cannot start, the ones started are cancelled."""
+    runs: list[Run] = []
+    try:
+      for ids in prompts:
+        runs.append(self.start(ids, settings, chat))
+    except BaseException:
+      for run in runs:
+        run.cancel()
+      raise
+    return runs
 
   # -- the tokenizer over HTTP (/tokenizer_info, /tokenize, /detokenize: vLLM's shapes) --
 
@@ -201,14 +224,14 @@ class Service:
     return ((self._starts(prompt_ids, skip_special=False) if echo else [])
             + [start + at for at in self._starts(generated, skip_special=True)])
 
-  async def score_prompt(self, prompt_ids: list[int], timeout_s: float):
-    """(log p of each prompt token [L], the SCORED_TOP most likely next tokens after each
-    position: ids and log-probs [L, SCORED_TOP]), computed on the engine thread between engine
-    steps (`Scorer.top_log_probs`); ApiError 408 after timeout_s, 500 if it fails."""
+  async def score_prompts(self, prompts: Sequence[list[int]], timeout_s: float) -> list:
+    """Per prompt (log p of each token [L], the SCORED_TOP most likely next tokens after each
+    position: ids and log-probs [L, SCORED_TOP]), computed together on the engine thread between
+    engine steps (`Scorer.top_log_probs`); ApiError 408 after timeout_s, 500 if it fails."""
     scorer = self.worker.engine.scorer
     try:
       return await asyncio.wait_for(
-          self.worker.call(lambda: scorer.top_log_probs([prompt_ids], SCORED_TOP)[0]),
+          self.worker.call(lambda: scorer.top_log_probs(list(prompts), SCORED_TOP)),
           max(timeout_s, 0.0))
     except ShuttingDown as e:
       raise ApiError(503, str(e), kind="server_error", code="shutting_down") from e
@@ -232,7 +255,7 @@ class Service:
     the prompt too with echo (`responses.completion_logprobs`), a chat completion's the generated
     tokens but a final end of turn, which its message leaves out (`responses.chat_logprobs`).
     Generated tokens: all the engine produced (past the cut of a stop string too). scores:
-    `score_prompt`'s, when echo or N >= 1."""
+    `score_prompts`' entry, when echo or N >= 1."""
     k = settings.logprobs
     if k is None:
       return None

@@ -93,6 +93,31 @@ def test_logprobs_zero_gives_each_generated_tokens_own_log_prob(server, tiny_mod
   assert "logprobs" in choice and _completion(server, prompt=ids, max_tokens=2)["logprobs"] is None
 
 
+def test_a_batch_of_prompts_gives_one_choice_each_as_if_sent_alone(server, tokenizer):
+  prompts = ["hello the world", [7, 8, 9, 10], "a dog sat on the mat"]
+  body = dict(prompt=prompts, max_tokens=1, echo=True, logprobs=2)
+  r = _post(server, "/v1/completions", dict({"model": MODEL, "temperature": 0}, **body))
+  assert r.status_code == 200, r.text
+  out = r.json()
+  assert [c["index"] for c in out["choices"]] == [0, 1, 2]
+  for prompt, choice in zip(prompts, out["choices"]):
+    alone = _completion(server, **dict(body, prompt=prompt))
+    for key in ("text", "token_ids", "finish_reason"):
+      assert choice[key] == alone[key]
+    got, want = choice["logprobs"], alone["logprobs"]  # scored in one batch: float rounding
+    assert (got["tokens"], got["text_offset"]) == (want["tokens"], want["text_offset"])
+    np.testing.assert_allclose(got["token_logprobs"][1:], want["token_logprobs"][1:], atol=1e-5)
+    for a, b in zip(got["top_logprobs"][1:], want["top_logprobs"][1:]):
+      assert a.keys() == b.keys()
+      np.testing.assert_allclose(list(a.values()), list(b.values()), atol=1e-5)
+  sizes = [len(tokenizer.encode(p)) if isinstance(p, str) else len(p) for p in prompts]
+  usage = out["usage"]
+  assert usage["prompt_tokens"] == sum(sizes) and usage["completion_tokens"] == 3
+  assert usage["hamburger"]["macro_steps"] == 3 and usage["hamburger"]["kv_entries"] == sum(sizes)
+  r = _post(server, "/v1/completions", {"model": MODEL, "prompt": prompts, "stream": True})
+  assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+
+
 def test_prompt_scoring_compiles_once_per_length_bucket(tiny_model, tokenizer):
   cfg, params = tiny_model
   key = (cfg.base, f"top{SCORED_TOP}")
@@ -220,7 +245,8 @@ def test_lm_eval_log_likelihood_on_a_local_multiple_choice_task(tiny_model, toke
   with serving(make_engine("continuous", cfg, params), cfg, tokenizer, "continuous") as server:
     model_args = (f"model={MODEL},base_url={server.url}/v1/completions,"
                   "tokenizer_backend=remote,num_concurrent=2,max_retries=1")
-    proc = run_lm_eval("local-completions", model_args, "hamburger_mc", str(tmp_path))
+    proc = run_lm_eval("local-completions", model_args, "hamburger_mc", str(tmp_path),
+                       "--batch_size", "4")           # 4 prompts per request, scored together
   assert proc.returncode == 0, proc.stderr[-3000:]
   [results_file] = glob.glob(str(tmp_path / MODEL / "results_*.json"))
   with open(results_file) as f:

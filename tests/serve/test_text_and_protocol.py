@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from hamburger_jax.serve.protocol import ApiError, Limits, completion_prompt, parse_settings
+from hamburger_jax.serve.protocol import (MAX_PROMPTS, ApiError, Limits, completion_prompts,
+                                          parse_settings)
 from hamburger_jax.serve.service import usage
 from hamburger_jax.serve.text import TextOutput
 
@@ -69,8 +70,13 @@ def test_settings_defaults_and_names():
   assert (s.confidence, s.min_token_prob) == (0.9, 0.3)
   s = parse_settings({"confidence": 0.5, "min_token_prob": 0}, trusting)
   assert (s.confidence, s.min_token_prob) == (0.5, 0.0)     # a request's own values win
-  assert completion_prompt({"prompt": [[1, 2]]}) == [1, 2]
-  assert completion_prompt({"prompt": ["hi"]}) == "hi"
+  assert completion_prompts({"prompt": [1, 2]}) == [[1, 2]]
+  assert completion_prompts({"prompt": "hi"}) == ["hi"]
+  assert completion_prompts({"prompt": [[1, 2], "hi", [3]]}) == [[1, 2], "hi", [3]]
+  for bad in ([], "", [[]], [[1], ""], [1, "a"], [True], [[1]] * (MAX_PROMPTS + 1), {"a": 1}):
+    with pytest.raises(ApiError) as e:
+      completion_prompts({"prompt": bad})
+    assert e.value.param == "prompt"
 
 
 def test_usage_counts_kv_entries():
