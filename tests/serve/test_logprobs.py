@@ -263,3 +263,33 @@ def test_lm_eval_log_likelihood_on_a_local_multiple_choice_task(tiny_model, toke
       ref = base_log_probs(whole)
       want = sum(ref[i - 1, whole[i]] for i in range(len(ctx), len(whole)))
       assert float(loglik) == pytest.approx(want, abs=1e-4)
+
+
+def test_lm_eval_rolling_log_likelihood_on_a_local_perplexity_task(tiny_model, tokenizer,
+                                                                  base_log_probs, tmp_path):
+  cfg, params = tiny_model
+  with serving(make_engine("continuous", cfg, params), cfg, tokenizer, "continuous") as server:
+    model_args = (f"model={MODEL},base_url={server.url}/v1/completions,"
+                  f"tokenizer_backend=remote,max_length={CACHE_LENGTH},max_retries=1")
+    proc = run_lm_eval("local-completions", model_args, "hamburger_ppl", str(tmp_path),
+                       "--batch_size", "4")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  [results_file] = glob.glob(str(tmp_path / MODEL / "results_*.json"))
+  with open(results_file) as f:
+    assert np.isfinite(json.load(f)["results"]["hamburger_ppl"]["word_perplexity,none"])
+  [samples_file] = glob.glob(str(tmp_path / MODEL / "samples_hamburger_ppl_*.jsonl"))
+  with open(samples_file) as f:
+    samples = [json.loads(line) for line in f]
+  assert len(samples) == 14
+  eos = cfg.base.eos_token_ids[0]        # lm-eval's first window starts after the EOS token
+  checked = 0
+  for s in samples:
+    text = s["arguments"]["gen_args_0"]["arg_0"]
+    ids = [eos] + tokenizer.encode(text, add_special_tokens=False)
+    if len(ids) > CACHE_LENGTH:           # longer texts are cut into several windows
+      continue
+    ref = base_log_probs(ids)
+    want = sum(ref[i - 1, ids[i]] for i in range(1, len(ids)))
+    assert float(s["resps"][0][0]) == pytest.approx(want, abs=1e-3)
+    checked += 1
+  assert checked >= 2
