@@ -203,26 +203,36 @@ class Service:
       return "".join(f"{i} " for i in prompt_ids)        # ids, as a token-id server writes them
     return self.tokenizer.decode(prompt_ids, skip_special=False)
 
-  def _starts(self, ids: Sequence[int], skip_special: bool) -> list[int]:
-    """Where each token's text starts in the rendering of `ids` (ids joined by spaces without a
-    tokenizer): decoding ids[:i + 1] ends with token i's text (a special token that the
-    rendering skips gets the offset of what follows)."""
+  def _starts(self, ids: Sequence[int], texts: Sequence[str], skip_special: bool) -> list[int]:
+    """Where each token's text (`texts`, from `token_text`) starts in the rendering of `ids` (ids
+    joined by spaces without a tokenizer): decoding ids[:i + 1] ends with token i's text (a
+    special token that the rendering skips gets the offset of what follows). When the rendering
+    is just the texts one after another (byte-level BPE on whole characters), their running
+    lengths, without decoding every prefix."""
     if self.tokenizer is None:
-      return list(itertools.accumulate((len(str(i)) + 1 for i in ids[:-1]), initial=0))
+      lengths = [len(str(i)) + 1 for i in ids]
+    elif ("\ufffd" not in "".join(texts)
+          and self.tokenizer.decode(ids, skip_special=skip_special) == "".join(texts)):
+      lengths = [len(t) for t in texts]
+    else:
+      lengths = None
+    if lengths is not None:
+      return list(itertools.accumulate(lengths[:-1], initial=0))[:len(ids)]
     starts, at = [], 0
-    for i, token in enumerate(ids):
+    for i, text in enumerate(texts):
       end = len(self.tokenizer.decode(ids[:i + 1], skip_special=skip_special))
-      at = min(max(end - len(self.token_text(token)), at), end)
+      at = min(max(end - len(text), at), end)
       starts.append(at)
     return starts
 
   def _text_offsets(self, prompt_ids: Sequence[int], generated: Sequence[int],
-                    echo: bool) -> list[int]:
+                    texts: Sequence[str], echo: bool) -> list[int]:
     """Each listed token's character offset in the response text (counted from the prompt's
-    start, as OpenAI's are)."""
-    start = len(self.prompt_text(prompt_ids))
-    return ((self._starts(prompt_ids, skip_special=False) if echo else [])
-            + [start + at for at in self._starts(generated, skip_special=True)])
+    start, as OpenAI's are); texts: the listed tokens' (the prompt's with echo, then the
+    generated ones)."""
+    start, n = len(self.prompt_text(prompt_ids)), len(prompt_ids) if echo else 0
+    return ((self._starts(prompt_ids, texts[:n], skip_special=False) if echo else [])
+            + [start + at for at in self._starts(generated, texts[n:], skip_special=True)])
 
   async def score_prompts(self, prompts: Sequence[list[int]], timeout_s: float) -> list:
     """Per prompt (log p of each token [L], the SCORED_TOP most likely next tokens after each
@@ -279,7 +289,8 @@ class Service:
       keep = len(tokens) - hidden_end
       return responses.chat_logprobs(tokens[:keep], values[:keep], top[:keep])
     return responses.completion_logprobs(tokens, values, top if k else None,
-                                         self._text_offsets(prompt_ids, generated, settings.echo))
+                                         self._text_offsets(prompt_ids, generated, tokens,
+                                                            settings.echo))
 
   def start_draining(self, grace_s: float) -> None:
     """New requests get 503; running ones are answered at the latest `grace_s` from now."""

@@ -21,7 +21,7 @@ from hamburger_jax.decode.sampler import Sampler
 from hamburger_jax.model.llama import LlamaModel
 from hamburger_jax.model.scoring import TRACES
 from hamburger_jax.serve import protocol
-from hamburger_jax.serve.service import SCORED_TOP
+from hamburger_jax.serve.service import SCORED_TOP, Service
 from hamburger_jax.serve.worker import EngineWorker, ShuttingDown
 
 PROMPT = "hello the world cat sat on the"
@@ -293,3 +293,24 @@ def test_lm_eval_rolling_log_likelihood_on_a_local_perplexity_task(tiny_model, t
     assert float(s["resps"][0][0]) == pytest.approx(want, abs=1e-3)
     checked += 1
   assert checked >= 2
+
+
+def test_text_offsets_with_smollm2s_tokenizer_follow_the_decoded_prefixes(tmp_path):
+  """The running-length shortcut (byte-level BPE) gives what decoding every prefix gives."""
+  from hamburger_jax.recipes import smollm2           # pylint: disable=import-outside-toplevel
+  from hamburger_jax.text.tokenizer import Tokenizer  # pylint: disable=import-outside-toplevel
+  tok = Tokenizer(smollm2.write_tokenizer(str(tmp_path)))
+  service = Service(None, MODEL, tokenizer=tok, vocab_size=tok.vocab_size, max_prompt_len=64,
+                    limits=protocol.Limits(max_tokens=8, default_max_tokens=8),
+                    request_timeout=1.0)
+  for text in ("The capital of France is Paris.", "def f(x):\n    return x  # ok",
+               "Café ünïcode <|im_end|> ✓"):
+    ids = tok.encode(text)
+    texts = [service.token_text(i) for i in ids]
+    for skip in (False, True):
+      want, at = [], 0
+      for i, t in enumerate(texts):
+        end = len(tok.decode(ids[:i + 1], skip_special=skip))
+        at = min(max(end - len(t), at), end)
+        want.append(at)
+      assert service._starts(ids, texts, skip) == want      # pylint: disable=protected-access
