@@ -100,7 +100,21 @@ def main(argv=None):
   parser.add_argument("--out", default="")
   args = parser.parse_args(argv)
   start, _, end = args.lines.partition(":")
+  if not (start.isdigit() and end.isdigit() and int(start) < int(end)):
+    parser.error(f"--lines must be START:END with 0 <= START < END, got {args.lines!r}.")
   start, end = int(start), int(end)
+  for name in ("val_examples", "test_examples", "steps"):
+    if getattr(args, name) < 1:
+      parser.error(f"--{name} must be >= 1, got {getattr(args, name)}.")
+  if not 0.0 < args.min_token_prob <= 1.0:
+    parser.error(f"--min_token_prob must be in (0, 1], got {args.min_token_prob}.")
+  try:
+    confidences = [float(c) for c in args.confidences.split(",")]
+  except ValueError:
+    confidences = []
+  if not confidences or not all(0.0 < c <= 1.0 for c in confidences):
+    parser.error(f"--confidences must be comma-separated values in (0, 1], got "
+                 f"{args.confidences!r}.")
   if end - start <= args.val_examples + args.test_examples:
     parser.error(f"--lines {args.lines} leaves no training examples beside "
                  f"{args.val_examples} + {args.test_examples} held out.")
@@ -120,7 +134,7 @@ def main(argv=None):
   held = sc.DraftOutcomes(*(np.asarray(x)[test] for x in outcomes))
   heads = {"shipped": held.stop, "refit": sc.stop_logits(cfg, fitted, held.hidden)}
   rows = []
-  for conf in (float(c) for c in args.confidences.split(",")):
+  for conf in confidences:
     for head, logits in heads.items():
       rows.append({"stop_head": head, "confidence": conf, "min_token_prob": args.min_token_prob,
                    **sc.simulate(logits, held, conf, args.min_token_prob)})

