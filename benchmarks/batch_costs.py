@@ -8,7 +8,7 @@ For each batch size B and each number k of continuing rows (the compaction bucke
 of two below B, and B): the micro prefill plus one micro step with its heads, as the decode loop
 runs them (`loop._micro_prefill_rows`, `loop._micro_step_rows`), on all B rows (compaction off)
 and on the k rows gathered (on); beside them one base forward plus heads at B rows (the rest of
-a macro step). Settings are timed in rotation, `--repeats` rounds, and the median is reported, so a slow
+a macro step); with --draft_vocab, the compacted micro step drafting from those ids. Settings are timed in rotation, `--repeats` rounds, and the median is reported, so a slow
 phase of a shared machine hits every setting alike. Writes JSON (--out) and prints a table.
 """
 
@@ -28,6 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from report import machine, positive_ints  # noqa: E402  pylint: disable=import-error
 
+from hamburger_jax.decode import draft_vocab  # noqa: E402
 from hamburger_jax.decode import loop as lp  # noqa: E402
 from hamburger_jax.decode import state as ds  # noqa: E402
 from hamburger_jax.decode.models import decode_model  # noqa: E402
@@ -84,18 +85,26 @@ def timed_rounds(fns: dict, repeats: int) -> dict:
   return {name: float(np.median(t)) for name, t in times.items()}
 
 
-def bench(cfg, params, b: int, repeats: int, cache_length: int) -> list[dict]:
-  model, params = decode_model(cfg, params)
+def bench(cfg, params, b: int, repeats: int, cache_length: int, draft_ids=None) -> list[dict]:
+  """draft_ids: also time the compacted micro step drafting from these token ids."""
+  full_params = params
+  model, params = decode_model(cfg, full_params)
   engine = lp.DecodeEngine(model, cache_length, cache_length, compact_micro_steps=True)
   buckets = lp.micro_buckets(engine, b)
   macro = macro_fn(model, b, cache_length)
   _, features = macro(params)
   fns = {("macro", b): (macro, (params,))}
+  if draft_ids is not None:
+    draft_model, draft_params = decode_model(cfg, full_params, draft_vocab=draft_ids)
+    draft_engine = lp.DecodeEngine(draft_model, cache_length, cache_length,
+                                   compact_micro_steps=True)
   for k in buckets:
     active = jnp.arange(b) < k
     fns[("off", k)] = (micro_fn(engine, b), (params, features, active))
     if k < b:
       fns[("on", k)] = (micro_fn(engine, k), (params, features, active))
+    if draft_ids is not None:
+      fns[("draft", k)] = (micro_fn(draft_engine, k), (draft_params, features, active))
   ms = timed_rounds(fns, repeats)
   macro_ms = ms[("macro", b)]
   rows = []
@@ -105,6 +114,9 @@ def bench(cfg, params, b: int, repeats: int, cache_length: int) -> list[dict]:
                  "micro_ms_compaction_off": off, "micro_ms_compaction_on": on,
                  "on_vs_off": on / off, "micro_vs_macro_off": off / macro_ms,
                  "micro_vs_macro_on": on / macro_ms})
+    if draft_ids is not None:
+      rows[-1].update(micro_ms_draft_vocab=ms[("draft", k)],
+                      draft_vs_on=ms[("draft", k)] / on, draft_vocab=len(draft_ids))
   return rows
 
 
@@ -115,6 +127,11 @@ def format_table(rows) -> str:
     lines.append(f"| {r['batch']} | {r['continuing_rows']} | {r['macro_step_ms']:.1f} | "
                  f"{r['micro_ms_compaction_off']:.1f} | {r['micro_ms_compaction_on']:.1f} | "
                  f"{r['on_vs_off']:.2f} |")
+  if rows and "micro_ms_draft_vocab" in rows[0]:
+    lines += ["", f"| batch B | continuing rows k | compacted ms | drafting from "
+                  f"{rows[0]['draft_vocab']} ids ms | ratio |", "|---|---|---|---|---|"]
+    lines += [f"| {r['batch']} | {r['continuing_rows']} | {r['micro_ms_compaction_on']:.1f} | "
+              f"{r['micro_ms_draft_vocab']:.1f} | {r['draft_vs_on']:.2f} |" for r in rows]
   return "\n".join(lines)
 
 
@@ -124,13 +141,18 @@ def main(argv=None):
   parser.add_argument("--repeats", type=int, default=15)
   parser.add_argument("--cache_length", type=int, default=128)
   parser.add_argument("--asset_dir", default=smollm2.ASSET_DIR)
+  parser.add_argument("--draft_vocab", default="",
+                      help="also time micro steps drafting from this draft vocabulary file "
+                           "(decode/draft_vocab.py)")
   parser.add_argument("--out", default="docs/batch_costs.json")
   args = parser.parse_args(argv)
   cfg, params, _, _ = smollm2.load_shipped(args.asset_dir)
   params = jax.device_put(params)
+  draft_ids = (draft_vocab.load(args.draft_vocab, cfg.base.vocab_size) if args.draft_vocab
+               else None)
   rows = []
   for b in args.batch_sizes:
-    rows += bench(cfg, params, b, args.repeats, args.cache_length)
+    rows += bench(cfg, params, b, args.repeats, args.cache_length, draft_ids)
     print(json.dumps(rows[-1]), flush=True)
   result = {"rows": rows, "repeats": args.repeats, "cache_length": args.cache_length,
             "device": jax.devices()[0].device_kind, "backend": jax.default_backend(),

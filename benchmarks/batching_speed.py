@@ -26,6 +26,7 @@ Writes JSON (--out) and prints a table.
 
 import argparse
 import functools
+import itertools
 import json
 import os
 import sys
@@ -39,7 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from report import machine, positive_ints  # noqa: E402  pylint: disable=import-error
-from hamburger_jax.decode import evaluation  # noqa: E402
+from hamburger_jax.decode import draft_vocab, evaluation  # noqa: E402
 from hamburger_jax.decode import loop as lp  # noqa: E402
 from hamburger_jax.decode.batching import ContinuousBatcher, Request  # noqa: E402
 from hamburger_jax.decode.cli import resolve_knobs  # noqa: E402
@@ -142,14 +143,20 @@ def bench_batch(b, cfg, params, prompts, args, scorer):
               (dict(engine="continuous", model="base", policy=None),
                lambda: run_continuous(base_c, prompts, lengths, 1.0))]
   compacts = [None] + ([False] if args.compare_compact and b >= 4 else [])
-  for compact in compacts:          # None: the engines' default (on CPU: compacted from 8 rows)
-    ham_s = Sampler(cfg, params, compact_micro_steps=compact, **kw)
-    ham_c = ContinuousBatcher(cfg, params, compact_micro_steps=compact, **ckw)
+  drafts = [(name, draft_vocab.resolve(None if name == "shipped" else name, args.asset_dir,
+                                       cfg.base.vocab_size))
+            for name in args.draft_vocabs.split(",")]
+  for compact, (_, draft_ids) in itertools.product(compacts, drafts):
+    # compact None: the engines' default (on CPU: compacted from 8 rows)
+    ham_s = Sampler(cfg, params, compact_micro_steps=compact, draft_vocab=draft_ids, **kw)
+    ham_c = ContinuousBatcher(cfg, params, compact_micro_steps=compact, draft_vocab=draft_ids,
+                              **ckw)
     shown = lp.micro_buckets(ham_s.engine, b) != (b,)
+    draft_size = cfg.base.vocab_size if draft_ids is None else len(draft_ids)
     for policy in args.policies.split(","):
       if b == 1 and policy != "all":
         continue                     # one row: every policy is "all"
-      meta = dict(model="hamburger", policy=policy, compact=shown)
+      meta = dict(model="hamburger", policy=policy, compact=shown, draft_vocab=draft_size)
 
       def continuous(batcher=ham_c, policy=policy):
         batcher.set_micro_policy(policy)
@@ -172,6 +179,7 @@ def bench_batch(b, cfg, params, prompts, args, scorer):
     run = (reps[0][0], reps[0][1], median(2), median(3))
     rows.append(row(b, meta["engine"], meta["model"], meta["policy"], run, prompts, base_tokens,
                     scorer, meta.get("compact")))
+    rows[-1]["draft_vocab"] = meta.get("draft_vocab")
     rows[-1]["wall_s_repeats"] = [r[2] for r in reps]
     print(json.dumps(rows[-1]), flush=True)
   for r in rows:
@@ -181,7 +189,8 @@ def bench_batch(b, cfg, params, prompts, args, scorer):
 
 
 def format_table(result) -> str:
-  cols = ["batch", "engine", "model", "policy", "compact_micro_steps", "requests", "tokens_per_s", "vs_base",
+  cols = ["batch", "engine", "model", "policy", "compact_micro_steps", "draft_vocab", "requests",
+          "tokens_per_s", "vs_base",
           "decode_only_tokens_per_s", "tokens_per_step", "token_agreement", "base_nll"]
   lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
   for r in result["rows"]:
@@ -216,6 +225,11 @@ def main(argv=None):
                       help="continuous only: request i decodes max_new_tokens x (1 + u_i), u_i "
                            "uniform in [-spread, spread] (fixed seed), so rows finish at "
                            "different steps as in a server; 0: every request the same length")
+  parser.add_argument("--draft_vocabs", default="shipped",
+                      help="what HAMburger's drafts choose from, comma-separated, each running "
+                           "every HAMburger setting: 'shipped' (the asset's draft_vocab.json if it "
+                           "has one, else the whole vocabulary), 'full' (the whole vocabulary), "
+                           "or draft vocabulary files (decode/draft_vocab.py)")
   parser.add_argument("--compare_compact", type=int, default=0,
                       help="1: also run HAMburger with micro-step compaction off (batch >= 4)")
   parser.add_argument("--repeats", type=int, default=3,

@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from report import machine  # noqa: E402  pylint: disable=import-error
 
-from hamburger_jax.decode import evaluation  # noqa: E402
+from hamburger_jax.decode import draft_vocab, evaluation  # noqa: E402
 from hamburger_jax.recipes import smollm2  # noqa: E402
 from hamburger_jax.recipes.broad_prompts import broad_prompts  # noqa: E402
 from hamburger_jax.recipes.stdlib_prompts import stdlib_prompts  # noqa: E402
@@ -72,6 +72,10 @@ def main(argv=None):
                       help="1: time the base again beside every setting, prompt by prompt "
                            "interleaved (speed-ups robust to a changing load); 0: once")
   parser.add_argument("--asset_dir", default=smollm2.ASSET_DIR)
+  parser.add_argument("--draft_vocab", default=None,
+                      help="what HAMburger's drafts choose from: 'full' (the whole vocabulary) or a "
+                           "draft vocabulary file (decode/draft_vocab.py); default: the asset's "
+                           "draft_vocab.json if it has one")
   parser.add_argument("--out_dir", default="")
   parser.add_argument("--repeats", type=int, default=1)
   parser.add_argument("--batch_size", type=int, default=1,
@@ -86,7 +90,8 @@ def main(argv=None):
   prompts = [tok.encode(p["prompt"], chat=True, system=smollm2.SYSTEM_PROMPT) for p in items]
   cache = max(len(p) for p in prompts) + args.max_new_tokens
   kw = dict(cache_length=cache, out_length=args.max_new_tokens, min_prompt_bucket=16)
-  hamburger = Sampler(cfg, params, **kw)
+  draft_ids = draft_vocab.resolve(args.draft_vocab, args.asset_dir, cfg.base.vocab_size)
+  hamburger = Sampler(cfg, params, draft_vocab=draft_ids, **kw)
   base = Sampler(cfg, params, base=True, **kw)
   scorer = evaluation.BaseScorer(base_cfg, params["base"])
   result = evaluation.measure(
@@ -98,6 +103,9 @@ def main(argv=None):
       batch_size=args.batch_size or None,
       min_token_probs=[float(m) for m in args.min_token_probs.split(",")])
   result["seconds"] = time.time() - t0
+  result["draft_vocab"] = None if draft_ids is None else {
+      "path": args.draft_vocab or os.path.join(args.asset_dir, draft_vocab.FILE_NAME),
+      "size": len(draft_ids)}
   result["machine"] = machine()
   table = evaluation.format_table(result)
   print(table)

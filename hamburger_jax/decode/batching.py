@@ -104,18 +104,19 @@ class ContinuousBatcher:
   `loop.COMPACT_FROM` slots on CPU). skip_unmerged: a forward with no merged input
   skips the embedder's merge and the merge adapter (`loop.skips_unmerged`; None: on CPU).
   Prefill lengths are padded to power-of-two buckets of at least `min_prompt_bucket`.
+  draft_vocab: token ids [K] that drafts choose from (`decode/draft_vocab.py`); None: all.
   """
 
   def __init__(self, cfg, params, *, base: bool = False, num_slots: int = 8,
                cache_length: int = 1024, chunk_steps: int = 8, eos_ids=(),
                micro_policy: str = "all", min_prompt_bucket: int = 16,
                compact_micro_steps: bool | None = None,
-               skip_unmerged: bool | None = None):
+               skip_unmerged: bool | None = None, draft_vocab=None):
     for name, value in (("num_slots", num_slots), ("cache_length", cache_length),
                         ("chunk_steps", chunk_steps)):
       if value < 1:
         raise DecodeInputError(f"{name} must be >= 1, got {value}.")
-    model, params = decode_model(cfg, params, base)
+    model, params = decode_model(cfg, params, base, draft_vocab)
     self.engine = lp.DecodeEngine(model, cache_length, chunk_steps * model.max_steps,
                                   compact_micro_steps, skip_unmerged)
     self.params = jax.device_put(params)

@@ -19,6 +19,7 @@ import sys
 from typing import Sequence, TextIO
 
 from hamburger_jax.convert import CheckpointError, load_model
+from hamburger_jax.decode import draft_vocab as draft_vocab_lib
 from hamburger_jax.decode.evaluation import agreement
 from hamburger_jax.decode.render import Printer, stream_one, summary
 from hamburger_jax.decode import prompts as prompts_lib
@@ -58,6 +59,7 @@ class DecodeArgs:
   max_group: int = 0                # cap on tokens per macro step (0 = the model's S)
   seed: int = 0
   base: bool = False                # plain base-model decoding (the speed baseline)
+  draft_vocab: str | None = None    # "full", a draft vocabulary file; None: the checkpoint's
   show_groups: bool = False         # delimit each macro step's group (colored on a tty)
   json: bool = False                # print outputs and stats as JSON
   cache_length: int = 0             # KV slots per row (0 = longest prompt + max_new_tokens)
@@ -185,6 +187,25 @@ def load_checkpoint(a: DecodeArgs):
   return cfg, params, a.base or kind == "llama"
 
 
+def load_draft_vocab(a, cfg):
+  """The token ids HAMburger's drafts choose from (`decode/draft_vocab.py`), or None for all.
+
+  a.draft_vocab (DecodeArgs or ServeArgs): "full" = the whole vocabulary; a path = that file;
+  None = the checkpoint's own `draft_vocab.json` (the shipped model's: see its manifest) if it
+  has one, else the whole vocabulary.
+  """
+  if not isinstance(cfg, HamburgerConfig):
+    return None
+  ckpt_dir = a.ckpt
+  if a.ckpt == SHIPPED:
+    from hamburger_jax.recipes import smollm2  # pylint: disable=g-import-not-at-top
+    ckpt_dir = smollm2.ASSET_DIR
+  try:
+    return draft_vocab_lib.resolve(a.draft_vocab, ckpt_dir, cfg.base.vocab_size)
+  except draft_vocab_lib.DraftVocabError as e:
+    raise UsageError(f"--draft_vocab: {e}") from None
+
+
 def load_tokenizer(a: DecodeArgs) -> Tokenizer | None:
   """The tokenizer of --tokenizer or beside --ckpt (None with --token_ids)."""
   if a.token_ids:
@@ -211,7 +232,8 @@ def _samplers(a: DecodeArgs, cfg, params, base_only: bool, prompts, tokenizer):
   out_length = -(-a.max_new_tokens // 64) * 64
   check_buffer_memory(llama, len(prompts), cache_length)
   sampler = Sampler(cfg, params, base=base_only, cache_length=cache_length,
-                    out_length=out_length, eos_ids=eos)
+                    out_length=out_length, eos_ids=eos,
+                    draft_vocab=None if base_only else load_draft_vocab(a, cfg))
   sampler.check_prompts(prompts)
   knobs = dict(max_new_tokens=a.max_new_tokens, confidence=a.confidence,
                min_token_prob=a.min_token_prob,
@@ -352,6 +374,8 @@ _HELP = {
     "max_group": "cap on tokens per macro step (0 = the model's max_steps; 1 = base-equivalent)",
     "seed": "sampling seed",
     "base": "plain base-model decoding, one token per step (the speed baseline)",
+    "draft_vocab": "token ids drafts choose from: 'full' (the whole vocabulary) or a draft "
+                   "vocabulary file (default: the checkpoint's draft_vocab.json if it has one)",
     "show_groups": "mark each macro step's group; colored by token probability on a terminal",
     "json": "print outputs and stats as JSON",
     "cache_length": "KV slots per row (0 = longest prompt + max_new_tokens, rounded up to 64)",

@@ -105,7 +105,8 @@ class MicroCarry:
   group: Group
 
 
-def _pick(engine, params, hidden, j, keys, knobs: ds.DecodeKnobs, budget) -> Pick:
+def _pick(engine, params, hidden, j, keys, knobs: ds.DecodeKnobs, budget,
+          draft: bool = False) -> Pick:
   """Micro step j on hidden [B, D]: sample a token, decide whether it is kept and the group goes on.
 
   Step 0's token (the base model's own prediction) is always kept. A drafted token (step j >= 1)
@@ -113,12 +114,19 @@ def _pick(engine, params, hidden, j, keys, knobs: ds.DecodeKnobs, budget) -> Pic
   below it is dropped and its group ends before it. After a kept token the group goes on while
   the stop head's continue-probability is >= the confidence (min_token_prob 1 = one token per
   macro step; 0 = the stop head alone).
-  keys [B, 2]: the rows' keys of this macro step.
+  keys [B, 2]: the rows' keys of this macro step. draft: j >= 1 (a model with a draft
+  vocabulary then samples from its K tokens; `hamburger_jax.decode.draft_vocab`).
   """
-  logits, stop = engine.model.heads(params, hidden)
-  tok = sample_tokens(logits, jax.vmap(jax.random.fold_in, (0, None))(keys, j), knobs.sampling)
-  logprob = token_log_probs(logits, tok)
-  logit = jnp.take_along_axis(logits, tok[:, None], axis=-1)[:, 0]
+  ids = None
+  if draft and engine.model.draft_size:
+    logits, stop = engine.model.draft_heads(params, hidden)
+    ids = params["draft"]["ids"]
+  else:
+    logits, stop = engine.model.heads(params, hidden)
+  choice = sample_tokens(logits, jax.vmap(jax.random.fold_in, (0, None))(keys, j), knobs.sampling)
+  logprob = token_log_probs(logits, choice)
+  logit = jnp.take_along_axis(logits, choice[:, None], axis=-1)[:, 0]
+  tok = choice if ids is None else jnp.take(ids, choice)
   is_eos = jnp.any(tok[:, None] == knobs.eos_ids, axis=-1)
   is_stop = jnp.any(tok[:, None] == knobs.stop_ids, axis=-1)
   cap = jnp.minimum(knobs.max_group, engine.max_steps)
@@ -193,13 +201,13 @@ def _micro_step_rows(engine, params, c: "MicroCarry", keys, knobs, budget, rows:
   b = c.prev.shape[0]
   if rows == b:
     out, cache = engine.model.micro_step(params, c.prev, c.step, c.cache)
-    return _pick(engine, params, out, c.step, keys, knobs, budget), cache
+    return _pick(engine, params, out, c.step, keys, knobs, budget, draft=True), cache
   idx = _continuing_first(c.active, rows)
   take = lambda x: jnp.take(x, idx, axis=0)
   out, part = engine.model.micro_step(params, take(c.prev), c.step,
                                       jax.tree_util.tree_map(take, c.cache))
   pick = _pick(engine, params, out, c.step, take(keys), jax.tree_util.tree_map(take, knobs),
-               take(budget))
+               take(budget), draft=True)
   scatter = lambda full, x: full.at[idx].set(x)
   cache = jax.tree_util.tree_map(scatter, c.cache, part)
   pick = jax.tree_util.tree_map(lambda x: scatter(jnp.zeros((b,) + x.shape[1:], x.dtype), x),

@@ -5,12 +5,15 @@
                                     cache, slots [B])             # features [B, T, F, D]
     (forward(.., skip_unmerged=True): no merge work when no input is merged)
     logits, stop = model.heads(params, hidden [B, D])             # [B, V], [B] float32
+    logits, stop = model.draft_heads(params, hidden [B, D])       # [B, K] over the draft ids
     micro = model.micro_prefill(params, features [B, F, D])       # fresh micro KV cache
     out, micro = model.micro_step(params, prev_tokens [B], j, micro)   # j >= 1, out [B, D]
 
 `HamburgerDecodeModel` runs the compositional embedder, the base and the micro-step decoder;
 `BaseDecodeModel` is the plain Llama (groups of one token, no micro steps: max_steps == 1).
 Both are frozen dataclasses holding only the config, so they are hashable compile-key parts.
+`decode_model(.., draft_vocab=ids)`: drafts (micro steps >= 1) read only those K rows of the LM
+head (`hamburger_jax.decode.draft_vocab`); the ids and their rows travel in params["draft"].
 `prompt_scorer(model, params)`: log-probs of a prompt's tokens, as the model reads a prompt.
 """
 
@@ -20,8 +23,10 @@ import dataclasses
 
 import jax.numpy as jnp
 
+from hamburger_jax.decode import draft_vocab as draft_vocab_lib
 from hamburger_jax.model.config import HamburgerConfig, LlamaConfig
 from hamburger_jax.model.hamburger import HamburgerModel
+from hamburger_jax.model.layers import attend_rows
 from hamburger_jax.model.llama import LlamaModel
 from hamburger_jax.model.scoring import Scorer
 
@@ -30,6 +35,7 @@ from hamburger_jax.model.scoring import Scorer
 class HamburgerDecodeModel:
   """HAMburger decoding: merged groups in, up to cfg.max_steps tokens out per macro step."""
   cfg: HamburgerConfig
+  draft_size: int = 0     # K > 0: drafts come from params["draft"] ({"ids" [K], "table" [K, D]})
 
   @property
   def llama(self) -> LlamaConfig:
@@ -43,6 +49,7 @@ class HamburgerDecodeModel:
     return self.cfg.max_steps
 
   def _apply(self, params, *args, method, **kwargs):
+    params = {k: v for k, v in params.items() if k != "draft"}
     return HamburgerModel(self.cfg).apply({"params": params}, *args, method=method, **kwargs)
 
   def forward(self, params, group_tokens, group_len, positions, cache, slots,
@@ -54,6 +61,12 @@ class HamburgerDecodeModel:
 
   def heads(self, params, hidden):
     return self._apply(params, hidden, decoding=True, method=HamburgerModel.heads)
+
+  def draft_heads(self, params, hidden):
+    """hidden [B, D] -> (logits [B, K] over params["draft"]["ids"], stop [B]), float32."""
+    table = params["draft"]["table"]
+    logits = attend_rows(hidden.astype(table.dtype), table)
+    return logits, self._apply(params, hidden, method=HamburgerModel.stop)
 
   def micro_prefill(self, params, features):
     return self._apply(params, features, method=HamburgerModel.micro_prefill)
@@ -67,6 +80,7 @@ class BaseDecodeModel:
   """Plain base-model decoding: one token per macro step (features = the final hidden state)."""
   cfg: LlamaConfig
   max_steps: int = dataclasses.field(default=1, init=False)
+  draft_size: int = dataclasses.field(default=0, init=False)     # no drafts
 
   @property
   def llama(self) -> LlamaConfig:
@@ -98,15 +112,27 @@ class BaseDecodeModel:
 DecodeModel = HamburgerDecodeModel | BaseDecodeModel
 
 
-def decode_model(cfg, params, base: bool = False) -> tuple[DecodeModel, dict]:
+def decode_model(cfg, params, base: bool = False,
+                 draft_vocab=None) -> tuple[DecodeModel, dict]:
   """(cfg, params) of a HAMburger or a Llama model -> (decode model, the params it reads).
 
   With `base=True` a HAMburger model decodes with its base alone (params["base"]).
+  draft_vocab: token ids [K] that drafts (micro steps >= 1) choose from, or None for the whole
+  vocabulary; their LM-head rows are gathered once here. The base alone has no drafts.
   """
   if isinstance(cfg, HamburgerConfig):
     if base:
       return BaseDecodeModel(cfg.base), params["base"]
-    return HamburgerDecodeModel(cfg), params
+    if draft_vocab is None:
+      return HamburgerDecodeModel(cfg), params
+    ids = jnp.asarray(draft_vocab_lib.check(draft_vocab, cfg.base.vocab_size))
+    base_params = params["base"]
+    if cfg.base.tie_word_embeddings:
+      rows = jnp.take(jnp.asarray(base_params["embed_tokens"]["embedding"]), ids, axis=0)
+    else:                                                   # lm_head kernel [D, V]
+      rows = jnp.take(jnp.asarray(base_params["lm_head"]["kernel"]), ids, axis=1).T
+    draft = {"ids": ids, "table": rows.astype(cfg.base.jnp_dtype)}
+    return HamburgerDecodeModel(cfg, int(ids.size)), {**params, "draft": draft}
   if isinstance(cfg, LlamaConfig):
     return BaseDecodeModel(cfg), params
   raise TypeError(f"Expected a HamburgerConfig or a LlamaConfig, got {type(cfg).__name__}.")

@@ -43,14 +43,15 @@ class Sampler:
   None (default): on CPU, on for batches of `loop.COMPACT_FROM` (8) rows or more.
   skip_unmerged: a forward with no merged input skips the embedder's merge and the merge
   adapter (the same numbers; `loop.skips_unmerged`, None: on CPU).
+  draft_vocab: token ids [K] that drafts choose from (`decode/draft_vocab.py`); None: all.
   """
 
   def __init__(self, cfg, params, *, base: bool = False, cache_length: int = 1024,
                out_length: int | None = None, eos_ids: Sequence[int] | None = None,
                min_prompt_bucket: int = 16, donate: bool = True,
                compact_micro_steps: bool | None = None,
-               skip_unmerged: bool | None = None):
-    model, params = decode_model(cfg, params, base)
+               skip_unmerged: bool | None = None, draft_vocab=None):
+    model, params = decode_model(cfg, params, base, draft_vocab)
     if cache_length < 1:
       raise DecodeInputError(f"cache_length must be >= 1, got {cache_length}.")
     self.engine = lp.DecodeEngine(model, cache_length, out_length or cache_length,

@@ -92,6 +92,10 @@ class HamburgerModel(nn.Module):
 
   # --- decoding ---------------------------------------------------------------------------------
 
+  def stop(self, hidden):
+    """Micro outputs [..., D] -> stop logits [...] float32 (the stop head alone)."""
+    return self.micro_decoder.stop(hidden)
+
   def micro_prefill(self, features):
     """features [B, F, D] -> a fresh micro-decoder KV cache holding the features."""
     return self.micro_decoder.prefill(features)

@@ -11,6 +11,7 @@ Pipeline (each step resumable; `all` runs them in order):
   prepare  tokenise (ChatML + SmolLM2's default system prompt), entropy-segment, write TFDS
   train    fine-tune the grafted modules with the base frozen (configs/smollm2.py)
   export   grafted weights only (bf16) + manifest naming the base GGUF's sha256
+  draft_vocab  the token ids drafts choose from (most frequent in the distilled answers)
 """
 
 from __future__ import annotations
@@ -274,9 +275,39 @@ def step_export(workdir: str, out_dir: str = ASSET_DIR, history: str = "",
   print(f"export: {out_dir} ({os.path.getsize(os.path.join(out_dir, 'params.safetensors')) / 1e6:.1f} MB)")
 
 
+def step_draft_vocab(data: str, size: int, out_dir: str = ASSET_DIR, lines: str = "") -> str:
+  """Writes out_dir/draft_vocab.json: the `size` token ids most frequent in the responses of
+  `data` (distilled answers, JSONL, .gz or plain; `lines` "FIRST:END", 1-based, END excluded,
+  "" = all), the draft vocabulary decode.py and the server use for this checkpoint."""
+  import gzip
+  from hamburger_jax.decode import draft_vocab
+  from hamburger_jax.text.tokenizer import Tokenizer
+  first, _, end = lines.partition(":")
+  try:
+    first, end = int(first or 1), int(end) if end else None
+  except ValueError:
+    raise ValueError(f"--draft_vocab_lines must be FIRST:END (1-based), got {lines!r}.") from None
+  with (gzip.open(data, "rt") if data.endswith(".gz") else open(data)) as f:
+    rows = [json.loads(line) for line in f]
+  rows = rows[first - 1:None if end is None else end - 1]
+  if not rows:
+    raise ValueError(f"--draft_vocab_lines {lines!r} selects no answer of {data}.")
+  tok = Tokenizer(cached_tokenizer_dir())
+  answers = [tok.encode(r["response"]) for r in rows]
+  ids = draft_vocab.most_frequent(answers, size, tok.vocab_size)
+  span = f"lines {first}-{first + len(rows) - 1}"
+  path = os.path.join(out_dir, draft_vocab.FILE_NAME)
+  draft_vocab.save(path, ids, source=f"responses of {os.path.basename(data)} {span}",
+                   answers=len(rows), tokens=sum(len(a) for a in answers),
+                   coverage=round(draft_vocab.coverage(answers, ids), 4))
+  print(f"draft_vocab: {path} ({size} ids)")
+  return path
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("step", choices=["prompts", "distill", "prepare", "train", "export", "all"])
+  parser.add_argument("step", choices=["prompts", "distill", "prepare", "train", "export",
+                                       "draft_vocab", "all"])
   parser.add_argument("--workdir", default="runs/smollm2")
   parser.add_argument("--num_train", type=int, default=1024)
   parser.add_argument("--num_heldout", type=int, default=64)
@@ -299,13 +330,20 @@ def main(argv=None):
   parser.add_argument("--decode_defaults", default="",
                       help='export: recommended knobs, e.g. "confidence=0.9,min_token_prob=0.3"')
   parser.add_argument("--out_dir", default=ASSET_DIR,
-                      help="export: where to write the grafted weights (default: the shipped asset)")
+                      help="export, draft_vocab: where to write (default: the shipped asset)")
+  parser.add_argument("--draft_vocab_data", default="",
+                      help="draft_vocab: distilled answers (default: the workdir's sft.jsonl)")
+  parser.add_argument("--draft_vocab_lines", default="",
+                      help="draft_vocab: FIRST:END lines of the data (1-based; '' = all)")
+  parser.add_argument("--draft_vocab_size", type=int, default=8192,
+                      help="draft_vocab: token ids drafts choose from")
   args = parser.parse_args(argv)
   for name in ("batch_size", "max_new_tokens", "max_prompt_tokens"):
     if getattr(args, name) < 1:
       parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
   os.makedirs(args.workdir, exist_ok=True)
-  steps = ["prompts", "distill", "prepare", "train", "export"] if args.step == "all" else [args.step]
+  steps = (["prompts", "distill", "prepare", "train", "export", "draft_vocab"] if args.step == "all"
+           else [args.step])
   for step in steps:
     if step == "prompts":
       step_prompts(args.workdir, args.num_train, args.num_heldout)
@@ -319,6 +357,9 @@ def main(argv=None):
     elif step == "export":
       step_export(args.workdir, out_dir=args.out_dir, history=args.history,
                   decode_knobs=args.decode_defaults)
+    elif step == "draft_vocab":
+      step_draft_vocab(args.draft_vocab_data or os.path.join(args.workdir, "sft.jsonl"),
+                       args.draft_vocab_size, args.out_dir, args.draft_vocab_lines)
 
 
 if __name__ == "__main__":

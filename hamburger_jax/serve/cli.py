@@ -49,6 +49,9 @@ class ServeArgs:
   token_ids: bool = _flag(False, "no tokenizer: completions take and return token ids")
   system: str | None = _flag(None, "system message of chat requests that give none")
   base: bool = _flag(False, "plain base-model decoding (the speed baseline)")
+  draft_vocab: str | None = _flag(
+      None, "token ids drafts choose from: 'full' (the whole vocabulary) or a draft vocabulary "
+            "file (default: the checkpoint's draft_vocab.json if it has one)")
   engine: str = _flag("continuous", "'continuous' (up to --num_slots requests decoded together) "
                                      "or 'serial' (one request at a time, the baseline)")
   num_slots: int = _flag(8, "requests decoded together (continuous engine)")
@@ -143,7 +146,8 @@ def build(a: ServeArgs) -> Service:
       a.engine, cfg, params, base=base_only, num_slots=a.num_slots, cache_length=a.cache_length,
       chunk_steps=a.chunk_steps, eos_ids=tuple(llama.eos_token_ids),
       micro_policy=a.micro_policy, min_prompt_bucket=a.min_prompt_bucket,
-      compact_micro_steps=a.compact_micro_steps)
+      compact_micro_steps=a.compact_micro_steps,
+      draft_vocab=None if base_only else decode_cli.load_draft_vocab(a, cfg))
   if a.warmup:
     warm_up(engine)
   return service_for(engine, cfg, tokenizer, dataclasses.replace(

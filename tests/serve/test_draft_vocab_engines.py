@@ -1,0 +1,38 @@
+"""The server's engines take a draft vocabulary (`--draft_vocab`): both decode a request as the
+sampler alone does with it, and the flag parses."""
+
+from __future__ import annotations
+
+from hamburger_jax.decode.sampler import Sampler
+from hamburger_jax.serve import engines
+from hamburger_jax.serve.cli import parse_args
+
+from conftest import CACHE_LENGTH, make_engine
+
+IDS = [3, 9, 17, 40, 41, 100, 200, 255]
+
+
+def _decode(engine, prompt, max_new_tokens):
+  engine.submit(engines.Request(prompt_ids=prompt, max_new_tokens=max_new_tokens,
+                                confidence=0.05))
+  tokens = []
+  while engine.has_work():
+    for event in engine.step():
+      tokens += event.new_tokens
+  return tokens
+
+
+def test_both_engines_draft_from_the_vocabulary_as_the_sampler_does(tiny_model):
+  cfg, params = tiny_model
+  prompt = [1, 7, 30, 2]
+  alone = Sampler(cfg, params, cache_length=CACHE_LENGTH, draft_vocab=IDS).decode(
+      [prompt], max_new_tokens=16, confidence=0.05, eos_ids=cfg.base.eos_token_ids)
+  assert max(alone.group_sizes[0]) > 1
+  for kind in ("serial", "continuous"):
+    engine = make_engine(kind, cfg, params, draft_vocab=IDS)
+    assert _decode(engine, prompt, 16) == alone.tokens[0], kind
+
+
+def test_the_flag_parses():
+  assert parse_args(["--ckpt", "x"]).draft_vocab is None
+  assert parse_args(["--ckpt", "x", "--draft_vocab", "full"]).draft_vocab == "full"
