@@ -69,15 +69,37 @@ def test_decode_model_checks_ids_and_gathers_head_rows():
     decode_model(cfg, params, draft_vocab=[3, 256])
   model, p = decode_model(cfg, params, draft_vocab=[7, 3])
   assert model.draft_size == 2
-  np.testing.assert_array_equal(p["draft"]["table"],
-                                np.asarray(params["base"]["embed_tokens"]["embedding"])[[7, 3]])
+  embedding = np.asarray(params["base"]["embed_tokens"]["embedding"])
+  others = [i for i in range(256) if i not in (7, 3)]        # fewer than REST_SAMPLE: all
+  np.testing.assert_array_equal(p["draft"]["table"], embedding[[7, 3] + others])
+  assert float(p["draft"]["rest_log_weight"]) == 0.0
   untied = dataclasses.replace(cfg, base=dataclasses.replace(cfg.base, tie_word_embeddings=False))
   untied_params = random_params(untied, 0)
   _, p = decode_model(untied, untied_params, draft_vocab=[7, 3])
   kernel = np.asarray(untied_params["base"]["lm_head"]["kernel"])        # [D, V]
-  np.testing.assert_array_equal(p["draft"]["table"], kernel[:, [7, 3]].T)
+  np.testing.assert_array_equal(p["draft"]["table"], kernel[:, [7, 3] + others].T)
   base_model, _ = decode_model(cfg, params, base=True, draft_vocab=[7, 3])
   assert base_model.draft_size == 0                                       # no drafts
+
+
+def test_a_drafts_probability_is_normalised_as_over_the_whole_vocabulary():
+  import jax
+  import jax.numpy as jnp
+  cfg, params = small_model(0)
+  hidden = jax.random.normal(jax.random.PRNGKey(3), (5, cfg.base.hidden_size)) * 3
+  full, _ = decode_model(cfg, params)[0].heads(params, hidden)
+  log_z = jax.nn.logsumexp(full, axis=-1)
+  for sample, tolerance in ((1024, 1e-5), (96, 0.3)):      # all 192 others; half of them
+    model, p = decode_model(cfg, params, draft_vocab=SMALL_IDS, rest_sample=sample)
+    logits, _, rest = model.draft_heads(p, hidden)
+    np.testing.assert_allclose(logits, np.asarray(full)[:, SMALL_IDS], rtol=1e-5, atol=1e-5)
+    estimate = jax.nn.logsumexp(jnp.concatenate([logits, rest], axis=-1), axis=-1)
+    np.testing.assert_allclose(estimate, log_z, atol=tolerance)
+    subset_only = jax.nn.logsumexp(logits, axis=-1)          # what the estimate corrects
+    assert np.mean(np.abs(estimate - log_z)) < 0.25 * np.mean(np.abs(subset_only - log_z))
+  assert rest.shape == (5, 96)
+  ids, weight = dv.rest_sample(SMALL_IDS, 256, 96)
+  assert weight == 2.0 and not set(ids.tolist()) & set(SMALL_IDS.tolist()) and len(set(ids)) == 96
 
 
 def test_the_whole_vocabulary_in_any_order_decodes_as_without_one():

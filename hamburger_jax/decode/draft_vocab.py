@@ -7,11 +7,13 @@
 
 A draft (micro step >= 1) costs one micro-decoder step plus the LM head, and on a memory-bound
 CPU the head (a read of the whole V x D table) dominates it. Drafting from K rows of the table
-reads K / V of it. Micro step 0 (the base model's own next token) keeps the full vocabulary, so
-`min_token_prob` 1 (no drafts) still gives the base model's answer. A draft's probability (the
-`min_token_prob` gate, its reported logprob) is normalised over the K tokens, so it is at least
-its full-vocabulary probability: the gate may keep a draft the full head would drop, and a token
-outside the K is never drafted (its group ends, the next macro step emits it).
+reads K / V of it (plus REST_SAMPLE rows, below). Micro step 0 (the base model's own next token)
+keeps the full vocabulary, so `min_token_prob` 1 (no drafts) still gives the base model's answer.
+A token outside the K is never drafted (its group ends; the next macro step may emit it). A
+draft's probability (the `min_token_prob` gate, its reported logprob) is normalised over the K
+tokens plus an estimate of the other tokens' mass from a fixed sample of REST_SAMPLE of them,
+each standing for (V - K) / REST_SAMPLE (exact when they are fewer), so the gate means about what
+it means over the whole vocabulary.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import numpy as np
 
 FORMAT = "hamburger_jax.draft_vocab/1"
 FILE_NAME = "draft_vocab.json"    # a checkpoint directory's own draft vocabulary
+# Other tokens whose logits estimate the probability mass outside the draft vocabulary.
+REST_SAMPLE = 1024
 
 
 class DraftVocabError(ValueError):
@@ -106,4 +110,14 @@ def resolve(choice: str | None, ckpt_dir: str | None, vocab_size: int) -> np.nda
     if not os.path.isfile(choice):
       return None
   return load(choice, vocab_size)
+
+
+def rest_sample(ids: np.ndarray, vocab_size: int, size: int = REST_SAMPLE):
+  """A fixed sample of the token ids not in `ids` -> (ids [R] int32, the weight each stands for:
+  how many of the other tokens per sampled one). All of them (weight 1) when they are <= size."""
+  rest = np.setdiff1d(np.arange(vocab_size), ids).astype(np.int32)
+  if rest.size <= size:
+    return rest, 1.0
+  sample = np.sort(np.random.default_rng(0).choice(rest, size, replace=False)).astype(np.int32)
+  return sample, rest.size / size
 

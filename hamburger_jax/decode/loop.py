@@ -115,16 +115,18 @@ def _pick(engine, params, hidden, j, keys, knobs: ds.DecodeKnobs, budget,
   the stop head's continue-probability is >= the confidence (min_token_prob 1 = one token per
   macro step; 0 = the stop head alone).
   keys [B, 2]: the rows' keys of this macro step. draft: j >= 1 (a model with a draft
-  vocabulary then samples from its K tokens; `hamburger_jax.decode.draft_vocab`).
+  vocabulary then samples from its K tokens, the probability normalised as over the whole
+  vocabulary, estimated; `hamburger_jax.decode.draft_vocab`).
   """
-  ids = None
+  ids = rest = None
   if draft and engine.model.draft_size:
-    logits, stop = engine.model.draft_heads(params, hidden)
+    logits, stop, rest = engine.model.draft_heads(params, hidden)
     ids = params["draft"]["ids"]
   else:
     logits, stop = engine.model.heads(params, hidden)
   choice = sample_tokens(logits, jax.vmap(jax.random.fold_in, (0, None))(keys, j), knobs.sampling)
-  logprob = token_log_probs(logits, choice)
+  logprob = token_log_probs(logits if rest is None else jnp.concatenate([logits, rest], axis=-1),
+                            choice)
   logit = jnp.take_along_axis(logits, choice[:, None], axis=-1)[:, 0]
   tok = choice if ids is None else jnp.take(ids, choice)
   is_eos = jnp.any(tok[:, None] == knobs.eos_ids, axis=-1)

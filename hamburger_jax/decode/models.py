@@ -5,7 +5,7 @@
                                     cache, slots [B])             # features [B, T, F, D]
     (forward(.., skip_unmerged=True): no merge work when no input is merged)
     logits, stop = model.heads(params, hidden [B, D])             # [B, V], [B] float32
-    logits, stop = model.draft_heads(params, hidden [B, D])       # [B, K] over the draft ids
+    logits, stop, rest = model.draft_heads(params, hidden [B, D])  # [B, K] over the draft ids
     micro = model.micro_prefill(params, features [B, F, D])       # fresh micro KV cache
     out, micro = model.micro_step(params, prev_tokens [B], j, micro)   # j >= 1, out [B, D]
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax.numpy as jnp
+import numpy as np
 
 from hamburger_jax.decode import draft_vocab as draft_vocab_lib
 from hamburger_jax.model.config import HamburgerConfig, LlamaConfig
@@ -63,10 +64,17 @@ class HamburgerDecodeModel:
     return self._apply(params, hidden, decoding=True, method=HamburgerModel.heads)
 
   def draft_heads(self, params, hidden):
-    """hidden [B, D] -> (logits [B, K] over params["draft"]["ids"], stop [B]), float32."""
-    table = params["draft"]["table"]
-    logits = attend_rows(hidden.astype(table.dtype), table)
-    return logits, self._apply(params, hidden, method=HamburgerModel.stop)
+    """hidden [B, D] -> (logits [B, K] over params["draft"]["ids"], stop [B], rest [B, R]).
+
+    rest: the logits of a fixed sample of R other tokens plus log(their weight), so that
+    logsumexp over [logits, rest] estimates the whole vocabulary's log-normaliser (exact when
+    the sample is all of them). float32.
+    """
+    draft = params["draft"]
+    k = self.draft_size
+    both = attend_rows(hidden.astype(draft["table"].dtype), draft["table"])    # [B, K + R]
+    rest = both[:, k:] + draft["rest_log_weight"]
+    return both[:, :k], self._apply(params, hidden, method=HamburgerModel.stop), rest
 
   def micro_prefill(self, params, features):
     return self._apply(params, features, method=HamburgerModel.micro_prefill)
@@ -112,26 +120,31 @@ class BaseDecodeModel:
 DecodeModel = HamburgerDecodeModel | BaseDecodeModel
 
 
-def decode_model(cfg, params, base: bool = False,
-                 draft_vocab=None) -> tuple[DecodeModel, dict]:
+def decode_model(cfg, params, base: bool = False, draft_vocab=None,
+                 rest_sample: int = draft_vocab_lib.REST_SAMPLE) -> tuple[DecodeModel, dict]:
   """(cfg, params) of a HAMburger or a Llama model -> (decode model, the params it reads).
 
   With `base=True` a HAMburger model decodes with its base alone (params["base"]).
   draft_vocab: token ids [K] that drafts (micro steps >= 1) choose from, or None for the whole
-  vocabulary; their LM-head rows are gathered once here. The base alone has no drafts.
+  vocabulary; their LM-head rows are gathered once here, with those of `rest_sample` of the
+  other tokens (a fixed sample) that estimate the mass a draft's probability leaves out (see
+  `draft_heads`). The base alone has no drafts.
   """
   if isinstance(cfg, HamburgerConfig):
     if base:
       return BaseDecodeModel(cfg.base), params["base"]
     if draft_vocab is None:
       return HamburgerDecodeModel(cfg), params
-    ids = jnp.asarray(draft_vocab_lib.check(draft_vocab, cfg.base.vocab_size))
+    ids = draft_vocab_lib.check(draft_vocab, cfg.base.vocab_size)
+    rest, weight = draft_vocab_lib.rest_sample(ids, cfg.base.vocab_size, rest_sample)
+    rows = jnp.asarray(np.concatenate([ids, rest]))
     base_params = params["base"]
     if cfg.base.tie_word_embeddings:
-      rows = jnp.take(jnp.asarray(base_params["embed_tokens"]["embedding"]), ids, axis=0)
+      table = jnp.take(jnp.asarray(base_params["embed_tokens"]["embedding"]), rows, axis=0)
     else:                                                   # lm_head kernel [D, V]
-      rows = jnp.take(jnp.asarray(base_params["lm_head"]["kernel"]), ids, axis=1).T
-    draft = {"ids": ids, "table": rows.astype(cfg.base.jnp_dtype)}
+      table = jnp.take(jnp.asarray(base_params["lm_head"]["kernel"]), rows, axis=1).T
+    draft = {"ids": jnp.asarray(ids), "table": table.astype(cfg.base.jnp_dtype),
+             "rest_log_weight": jnp.float32(np.log(weight))}
     return HamburgerDecodeModel(cfg, int(ids.size)), {**params, "draft": draft}
   if isinstance(cfg, LlamaConfig):
     return BaseDecodeModel(cfg), params
