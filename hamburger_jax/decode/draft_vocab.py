@@ -1,6 +1,6 @@
 """A draft vocabulary: micro steps >= 1 draft from the K most frequent tokens only.
 
-    ids = most_frequent(token_lists, size=8192)     # [K] int32, most frequent first
+    ids = most_frequent(token_lists, size=8192, vocab_size=V)   # [K] int32, most frequent first
     save(path, ids, source="...")  /  ids = load(path)
     ids = resolve(None | "full" | path, checkpoint_dir, vocab_size)   # a checkpoint's own file
     model, params = decode_model(cfg, params, draft_vocab=ids)
@@ -86,8 +86,8 @@ def load(path: str, vocab_size: int | None = None) -> np.ndarray:
     with open(path) as f:
       record = json.load(f)
   except FileNotFoundError:
-    raise DraftVocabError(f"no draft vocabulary at {path}: pass an existing file, or turn "
-                          f"draft vocabularies off.") from None
+    raise DraftVocabError(f"no draft vocabulary at {path}: pass an existing file, or 'full' "
+                          f"for the whole vocabulary.") from None
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
     raise DraftVocabError(f"{path} is not a draft vocabulary (invalid JSON: {e}); rewrite it "
                           f"with hamburger_jax.decode.draft_vocab.save.") from None
