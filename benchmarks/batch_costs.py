@@ -148,8 +148,11 @@ def main(argv=None):
   args = parser.parse_args(argv)
   cfg, params, _, _ = smollm2.load_shipped(args.asset_dir)
   params = jax.device_put(params)
-  draft_ids = (draft_vocab.load(args.draft_vocab, cfg.base.vocab_size) if args.draft_vocab
-               else None)
+  try:
+    draft_ids = (draft_vocab.load(args.draft_vocab, cfg.base.vocab_size) if args.draft_vocab
+                 else None)
+  except draft_vocab.DraftVocabError as e:
+    parser.error(f"--draft_vocab: {e}")
   rows = []
   for b in args.batch_sizes:
     rows += bench(cfg, params, b, args.repeats, args.cache_length, draft_ids)

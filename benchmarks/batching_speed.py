@@ -127,10 +127,11 @@ def row(batch, engine, model, policy, run, prompts, base_tokens, scorer, compact
           "base_nll": scorer.mean_nll(prompts, tokens)}
 
 
-def bench_batch(b, cfg, params, prompts, args, scorer):
+def bench_batch(b, cfg, params, prompts, args, scorer, drafts=(None,)):
   """All settings at one batch size -> rows. Every setting runs `args.repeats` times, the
   settings in rotation (a slow phase of a shared machine hits them alike); its wall time is the
-  median (greedy: every repeat gives the same tokens, checked)."""
+  median (greedy: every repeat gives the same tokens, checked). drafts: what HAMburger's drafts
+  choose from, one entry per run of its settings (token ids, or None for the whole vocabulary)."""
   n, conf, trust = args.max_new_tokens, args.confidence, args.min_token_prob
   lengths = request_lengths(len(prompts), n, args.length_spread)
   cache = max(len(p) for p in prompts) + max(lengths) + 1
@@ -143,10 +144,7 @@ def bench_batch(b, cfg, params, prompts, args, scorer):
               (dict(engine="continuous", model="base", policy=None),
                lambda: run_continuous(base_c, prompts, lengths, 1.0))]
   compacts = [None] + ([False] if args.compare_compact and b >= 4 else [])
-  drafts = [(name, draft_vocab.resolve(None if name == "shipped" else name, args.asset_dir,
-                                       cfg.base.vocab_size))
-            for name in args.draft_vocabs.split(",")]
-  for compact, (_, draft_ids) in itertools.product(compacts, drafts):
+  for compact, draft_ids in itertools.product(compacts, drafts):
     # compact None: the engines' default (on CPU: compacted from 8 rows)
     ham_s = Sampler(cfg, params, compact_micro_steps=compact, draft_vocab=draft_ids, **kw)
     ham_c = ContinuousBatcher(cfg, params, compact_micro_steps=compact, draft_vocab=draft_ids,
@@ -248,6 +246,11 @@ def main(argv=None):
   t0 = time.time()
   load_before = os.getloadavg()
   cfg, params, tok, base_cfg = smollm2.load_shipped(args.asset_dir)
+  try:          # what drafts choose from, per --draft_vocabs entry (ids, or None for all)
+    drafts = [draft_vocab.resolve(None if name == "shipped" else name, args.asset_dir,
+                                  cfg.base.vocab_size) for name in args.draft_vocabs.split(",")]
+  except draft_vocab.DraftVocabError as e:
+    parser.error(f"--draft_vocabs: {e}")
   params = jax.device_put(params)          # one copy, shared by every sampler and batcher
   items = heldout_prompts(max(args.num_prompts, args.batch1_prompts))
   all_prompts = [tok.encode(p["prompt"], chat=True, system=smollm2.SYSTEM_PROMPT) for p in items]
@@ -265,7 +268,7 @@ def main(argv=None):
       "load_average_before": load_before}
   for b in batch_sizes:                  # the JSON is rewritten after every batch size
     prompts = all_prompts[:args.batch1_prompts if b == 1 else args.num_prompts]
-    result["rows"] += bench_batch(b, cfg, params, prompts, args, scorer)
+    result["rows"] += bench_batch(b, cfg, params, prompts, args, scorer, drafts)
     result.update(load_average_after=os.getloadavg(), seconds=time.time() - t0)
     _write(result, args.out)
   print(format_table(result))

