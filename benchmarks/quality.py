@@ -10,8 +10,9 @@ group of any row.
 
 Held-out prompts are never used in training: standard-library functions (split by function,
 hamburger_jax/recipes/stdlib_prompts.py) and the broad recipe prompts (split by item,
-hamburger_jax/recipes/broad_prompts.py); `--prompt_set` picks one or both. Code answers are scored
-for parsing and for defining the function the prompt names. Writes quality.json, quality.md and quality.png.
+hamburger_jax/recipes/broad_prompts.py); `--prompt_set` picks one or both, or "code": the held-out
+standard-library "write a function" prompts alone. Code answers are scored for parsing and for
+defining the function the prompt names. Writes quality.json, quality.md and quality.png.
 """
 
 import argparse
@@ -36,12 +37,13 @@ def heldout_prompts(n: int, prompt_set: str = "both"):
   """n held-out prompts (never distilled or trained on), kinds interleaved so a small n has all.
 
   prompt_set: "stdlib" (standard-library functions held out by function), "broad" (the broad
-  recipe prompts held out by item) or "both". Each -> {"prompt", "kind", "code"}.
+  recipe prompts held out by item), "both", or "code" (the held-out standard-library prompts
+  that ask for a named function). Each -> {"prompt", "kind", "code"}.
   """
   by_kind = {}
-  if prompt_set in ("stdlib", "both"):
+  if prompt_set in ("stdlib", "both", "code"):
     for p in stdlib_prompts():
-      if p["split"] == "heldout":
+      if p["split"] == "heldout" and (prompt_set != "code" or p["kind"] == "write"):
         by_kind.setdefault("stdlib:" + p["kind"], []).append(
             {"prompt": p["prompt"], "kind": p["kind"], "code": p["kind"] == "write"})
   if prompt_set in ("broad", "both"):
@@ -50,7 +52,7 @@ def heldout_prompts(n: int, prompt_set: str = "both"):
         by_kind.setdefault("broad:" + p["kind"], []).append(
             {"prompt": p["prompt"], "kind": p["kind"], "code": False})
   if not by_kind:
-    raise ValueError(f"--prompt_set must be stdlib, broad or both, got {prompt_set!r}.")
+    raise ValueError(f"--prompt_set must be stdlib, broad, both or code, got {prompt_set!r}.")
   out = []
   while len(out) < n and any(by_kind.values()):
     for kind in sorted(by_kind):
@@ -66,8 +68,9 @@ def main(argv=None):
   parser.add_argument("--confidences", default="0.5,0.6,0.7,0.8,0.9,1.0")
   parser.add_argument("--min_token_probs", default="0",
                       help="decode-time trust thresholds swept with every confidence, e.g. 0,0.3,0.5")
-  parser.add_argument("--prompt_set", default="both", choices=["stdlib", "broad", "both"],
-                      help="held-out prompts: standard-library functions, broad recipe prompts, or both")
+  parser.add_argument("--prompt_set", default="both", choices=["stdlib", "broad", "both", "code"],
+                      help="held-out prompts: standard-library functions, broad recipe prompts, "
+                           "both, or code (the standard-library 'write a function' ones)")
   parser.add_argument("--paired", type=int, default=1,
                       help="1: time the base again beside every setting, prompt by prompt "
                            "interleaved (speed-ups robust to a changing load); 0: once")

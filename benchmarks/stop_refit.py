@@ -1,18 +1,23 @@
-r"""Refit the shipped model's stop head to the trust gate and compare the decode decisions offline.
+r"""Refit the shipped model's stop head alone (to the trust gate, or to the training loss's stop
+targets) and compare the decode decisions offline.
 
     python benchmarks/stop_refit.py --lines 6089:7289 --out docs/stop_refit.json \
-        --asset_out runs/stop_refit/asset
+        --asset_out runs/stop_refit
+    python benchmarks/stop_refit.py --targets gate,segments,correct ...   # equal-budget A/B
 
 Reads SmolLM2's distilled answers (`docs/smollm2_v2_sft.jsonl.gz`, the given line range: lines
 never used to train the shipped weights), segments them with the base's entropy as the recipe
 does, runs the frozen model teacher forced on targets that run past each group's end, and refits
-the stop head alone to "the next draft is kept by the gate and right"
-(`hamburger_jax/train/stop_calibration.py`). Of the examples, the last `--test_examples` are held
+the stop head alone to "the next draft is kept by the gate and right" (`--targets gate`), and /
+or to the segmentation's group ends ("segments") or those plus "the micro decoder's next
+prediction is right" ("correct"), each from the same frozen forward with the same optimiser
+and steps (`hamburger_jax/train/stop_calibration.py`). Of the examples, the last `--test_examples` are held
 out for the table, the `--val_examples` before them for early stopping. The table applies the
 decode rule to the held-out positions with the shipped and the refit stop head: tokens per macro
 step, micro steps run (each one a draft) and kept drafts that differ from the answer.
-`--asset_out` writes the shipped weights with the refit head, for `benchmarks/quality.py
---asset_dir` and `benchmarks/batching_speed.py --asset_dir`. Prints JSON and a table.
+`--asset_out DIR` writes DIR/<target>: the shipped weights with that refit head, for
+`benchmarks/quality.py --asset_dir` and `benchmarks/batching_speed.py --asset_dir`. Prints JSON
+and a table.
 """
 
 from __future__ import annotations
@@ -65,15 +70,17 @@ def segmented_examples(path: str, start: int, end: int, base_cfg, base_params):
 
 
 def write_asset(stop_params, out_dir: str) -> None:
-  """The shipped asset with `stop_params` (bf16) in place of its stop head."""
+  """The shipped asset (its draft vocabulary too) with `stop_params` (bf16) in place of its stop
+  head."""
   import jax.numpy as jnp
   from flax import traverse_util
   from safetensors import safe_open
   from safetensors.flax import load_file, save_file
   from hamburger_jax.recipes import smollm2
   os.makedirs(out_dir, exist_ok=True)
-  for name in ("hamburger_config.json", "manifest.json"):
-    shutil.copy(os.path.join(smollm2.ASSET_DIR, name), out_dir)
+  for name in ("hamburger_config.json", "manifest.json", "draft_vocab.json"):
+    if os.path.exists(os.path.join(smollm2.ASSET_DIR, name)):
+      shutil.copy(os.path.join(smollm2.ASSET_DIR, name), out_dir)
   src = os.path.join(smollm2.ASSET_DIR, "params.safetensors")
   with safe_open(src, "flax") as f:
     metadata = f.metadata()
@@ -95,6 +102,8 @@ def main(argv=None):
   parser.add_argument("--min_token_prob", type=float, default=0.8,
                       help="the gate the refit head is trained for (the shipped default)")
   parser.add_argument("--steps", type=int, default=3000)
+  parser.add_argument("--targets", default="gate",
+                      help="comma-separated stop targets to refit to: gate, segments, correct")
   parser.add_argument("--confidences", default="0.05,0.2,0.35,0.5,0.65")
   parser.add_argument("--asset_out", default="")
   parser.add_argument("--out", default="")
@@ -115,6 +124,11 @@ def main(argv=None):
   if not confidences or not all(0.0 < c <= 1.0 for c in confidences):
     parser.error(f"--confidences must be comma-separated values in (0, 1], got "
                  f"{args.confidences!r}.")
+  from hamburger_jax.train.stop_calibration import TARGETS
+  targets = args.targets.split(",")
+  if not targets or len(set(targets)) != len(targets) or not set(targets) <= set(TARGETS):
+    parser.error(f"--targets must be distinct comma-separated names of {', '.join(TARGETS)}, "
+                 f"got {args.targets!r}.")
   if end - start <= args.val_examples + args.test_examples:
     parser.error(f"--lines {args.lines} leaves no training examples beside "
                  f"{args.val_examples} + {args.test_examples} held out.")
@@ -128,23 +142,28 @@ def main(argv=None):
   n = len(examples)
   test = outcomes.example >= n - args.test_examples
   val = (outcomes.example >= n - args.test_examples - args.val_examples) & ~test
-  y, valid = sc.labels(outcomes, args.min_token_prob)
-  fitted, report = sc.fit(cfg, params["micro_decoder"]["stop_head"], outcomes.hidden,
-                          y, valid & ~test[:, None], val, steps=args.steps)
   held = sc.DraftOutcomes(*(np.asarray(x)[test] for x in outcomes))
-  heads = {"shipped": held.stop, "refit": sc.stop_logits(cfg, fitted, held.hidden)}
+  heads, fits, label_rates, fitted = {"shipped": held.stop}, {}, {}, {}
+  for target in targets:
+    y, valid = sc.labels(outcomes, args.min_token_prob, target)
+    fitted[target], report = sc.fit(cfg, params["micro_decoder"]["stop_head"], outcomes.hidden,
+                                    y, valid & ~test[:, None], val, steps=args.steps)
+    fits[target], label_rates[target] = report._asdict(), float(y[valid].mean())
+    heads[f"refit:{target}"] = sc.stop_logits(cfg, fitted[target], held.hidden)
   rows = []
   for conf in confidences:
     for head, logits in heads.items():
       rows.append({"stop_head": head, "confidence": conf, "min_token_prob": args.min_token_prob,
                    **sc.simulate(logits, held, conf, args.min_token_prob)})
   result = {"lines": args.lines, "examples": n, "positions": int(len(outcomes.example)),
-            "held_out_positions": int(test.sum()), "fit": report._asdict(),
-            "label_rate": float(y[valid].mean()), "rows": rows,
+            "held_out_positions": int(test.sum()), "targets": targets, "fit": fits,
+            "label_rate": label_rates, "rows": rows,
             "seconds": time.time() - t0, "machine": machine()}
   if args.asset_out:
-    write_asset(fitted, args.asset_out)
-    result["asset_out"] = args.asset_out
+    result["asset_out"] = {}
+    for target, head in fitted.items():
+      write_asset(head, os.path.join(args.asset_out, target))
+      result["asset_out"][target] = os.path.join(args.asset_out, target)
   cols = ["stop_head", "confidence", "tokens_per_step", "micro_steps_per_step",
           "kept_per_micro_step", "wrong_drafts_per_step"]
   print(markdown_table(cols, [[r[c] if isinstance(r[c], str) else f"{r[c]:.3f}" for c in cols]

@@ -190,6 +190,8 @@ def test_stop_refit_needs_training_examples_beside_the_held_out_ones(capsys):
     (["--steps", "0"], "--steps must be >= 1"),
     (["--min_token_prob", "1.5"], "--min_token_prob must be in (0, 1]"),
     (["--confidences", "0.3,x"], "--confidences must be comma-separated"),
+    (["--targets", "gate,ends"], "--targets must be distinct comma-separated names"),
+    (["--targets", "gate,gate"], "--targets must be distinct comma-separated names"),
 ])
 def test_stop_refit_rejects_bad_arguments(capsys, argv, message):
   import stop_refit  # pylint: disable=import-error,import-outside-toplevel
@@ -208,6 +210,8 @@ def test_stop_refit_asset_changes_only_the_stop_head(tmp_path):
   head = jax.tree_util.tree_map(lambda x: np.full(x.shape, 0.25, np.float32),
                                 shipped["micro_decoder"]["stop_head"])
   stop_refit.write_asset(head, str(tmp_path / "asset"))
+  assert (tmp_path / "asset" / "draft_vocab.json").read_bytes() == open(
+      os.path.join(smollm2.ASSET_DIR, "draft_vocab.json"), "rb").read()
   _, params, _, _ = smollm2.load_shipped(str(tmp_path / "asset"))
   got = params["micro_decoder"].pop("stop_head")
   jax.tree_util.tree_map(lambda g: np.testing.assert_array_equal(np.asarray(g, np.float32), 0.25),
@@ -247,3 +251,18 @@ def test_recipe_draft_vocab_step_rejects_bad_arguments(capsys, tmp_path):
     with pytest.raises(SystemExit):
       smollm2.main(["draft_vocab", "--workdir", str(tmp_path), "--out_dir", str(tmp_path), *flags])
     assert message in capsys.readouterr().err
+
+
+def test_quality_code_prompt_set_is_the_held_out_named_function_prompts():
+  import quality  # pylint: disable=import-error,import-outside-toplevel
+  from hamburger_jax.decode import evaluation  # pylint: disable=import-outside-toplevel
+  from hamburger_jax.recipes.stdlib_prompts import stdlib_prompts  # pylint: disable=import-outside-toplevel
+  code = quality.heldout_prompts(40, "code")
+  assert len(code) == 40 and all(p["code"] and p["kind"] == "write" for p in code)
+  assert all(evaluation.required_name(p["prompt"]) for p in code)
+  trained = {p["prompt"] for p in stdlib_prompts() if p["split"] == "train"}
+  assert not trained & {p["prompt"] for p in code}
+  mixed = quality.heldout_prompts(24, "both")
+  assert 0 < sum(p["code"] for p in mixed) < 24
+  with pytest.raises(ValueError, match="--prompt_set must be stdlib, broad, both or code"):
+    quality.heldout_prompts(4, "python")

@@ -21,11 +21,12 @@ def test_extended_targets_run_past_the_group_end():
   assert not targets[:2].any()
 
 
-def _outcomes(token, prob, target, target_len):
+def _outcomes(token, prob, target, target_len, group_len=None):
   n, s = np.shape(token)
+  group_len = target_len if group_len is None else group_len
   return sc.DraftOutcomes(np.zeros((n, s, 2), np.float32), np.zeros((n, s), np.float32),
                           np.asarray(token), np.asarray(prob, np.float32), np.asarray(target),
-                          np.asarray(target_len), np.zeros(n, np.int32))
+                          np.asarray(target_len), np.zeros(n, np.int32), np.asarray(group_len))
 
 
 def test_labels_need_a_kept_right_draft_and_a_reachable_step():
@@ -49,6 +50,26 @@ def test_labels_need_a_kept_right_draft_and_a_reachable_step():
   assert y_low[2, 0] == 1
 
 
+def test_training_targets_label_inside_the_segmentation_group_only():
+  # groups of 3, 4 and 1 tokens; the extended targets run past them
+  o = _outcomes(token=[[5, 1, 9, 3], [5, 1, 2, 3], [5, 1, 2, 3]],
+                prob=[[.1, .2, .2, .2]] * 3,
+                target=[[7, 1, 2, 3], [7, 1, 2, 3], [7, 1, 2, 3]],
+                target_len=[4, 4, 4], group_len=[3, 4, 1])
+  y, valid = sc.labels(o, min_token_prob=0.8, target="segments")
+  np.testing.assert_array_equal(y, [[1, 1, 0, 0], [1, 1, 1, 0], [0, 0, 0, 0]])
+  np.testing.assert_array_equal(valid, [[1, 1, 1, 0], [1, 1, 1, 1], [1, 0, 0, 0]])
+  y, valid_c = sc.labels(o, min_token_prob=0.8, target="correct")
+  # row 0: the prediction of token 2 (9 vs 2) is wrong, so stop after token 1 too
+  np.testing.assert_array_equal(y, [[1, 0, 0, 0], [1, 1, 1, 0], [0, 0, 0, 0]])
+  np.testing.assert_array_equal(valid_c, valid)
+  # the gate label ignores the groups and needs the gate: no draft passes 0.8 here
+  y, _ = sc.labels(o, min_token_prob=0.8, target="gate")
+  assert not y.any()
+  with pytest.raises(ValueError, match="Unknown stop target 'ends'"):
+    sc.labels(o, min_token_prob=0.8, target="ends")
+
+
 def test_collect_matches_the_training_forward_inside_groups():
   cfg = tiny_config(num_layers=2)
   params = random_params(cfg, seed=1)
@@ -68,6 +89,7 @@ def test_collect_matches_the_training_forward_inside_groups():
     lengths = np.asarray(batch["target_lengths"][0])[sel]
     mine = out.example == i
     np.testing.assert_array_equal(out.target_len[mine] >= lengths, True)
+    np.testing.assert_array_equal(out.group_len[mine], lengths)
     for p, k in enumerate(lengths):      # inside the group the targets (and outputs) coincide
       np.testing.assert_allclose(out.hidden[mine][p, :k], np.asarray(ref.micro_outputs[0][sel][p, :k]),
                                  atol=2e-5)

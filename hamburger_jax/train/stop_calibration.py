@@ -1,4 +1,4 @@
-"""Refit the stop head to the trust gate: continue a group where the next draft will be kept.
+"""Refit the stop head alone, to the trust gate or to the training targets, at equal budget.
 
 At decode time a group goes on past token j when the stop head's continue-probability at j is
 >= the confidence; the draft of token j + 1 then joins the group only if the micro decoder's own
@@ -7,17 +7,21 @@ micro step for nothing. Trained on the segmentation (and "correct"), the stop he
 the base is confident, not where the next draft will pass the gate, so at the shipped defaults
 about half the drafts it asks for are dropped.
 
-This module refits the stop head alone (everything else frozen) to the label it is used for:
+This module refits the stop head alone (everything else frozen) to one of three labels
+(y_j = 1: continue after token j), on the same frozen forward, so they compare at equal budget:
 
-  y_j = the draft of token j + 1 is kept (prob >= min_token_prob) AND equals the answer's token,
-
-on teacher-forced micro outputs whose targets run past the segmentation's group end (the next S
-answer tokens: at decode time a group may go on where the segmentation ended it). A sample (n, j)
-counts only where the decode path reaches it with the teacher's context: the drafts of tokens
-1..j were kept and right.
+  "gate": the draft of token j + 1 is kept (prob >= min_token_prob) AND equals the answer's
+    token, on teacher-forced micro outputs whose targets run past the segmentation's group end
+    (the next S answer tokens: at decode time a group may go on where the segmentation ended
+    it); a sample (n, j) counts only where the decode path reaches it with the teacher's
+    context: the drafts of tokens 1..j were kept and right.
+  "segments": j is not the last token of its segmentation group (the training loss's
+    `loss.stop_target="segments"`), inside the group.
+  "correct": as "segments", and the micro decoder's teacher-forced prediction of token j + 1 is
+    right (`loss.stop_target="correct"`), inside the group.
 
     outcomes = collect(cfg, params, examples)                  # one frozen forward
-    y, valid = labels(outcomes, min_token_prob=0.8)
+    y, valid = labels(outcomes, min_token_prob=0.8)            # target="gate"
     head, report = fit(cfg, stop_head_params, outcomes.hidden, y, valid, val_mask)
     simulate(stop_logits, outcomes, confidence=0.35, min_token_prob=0.8)  # offline decode counts
 
@@ -49,6 +53,7 @@ class DraftOutcomes(NamedTuple):
   target: np.ndarray      # [N, S] int32: the next S answer tokens (zero past the answer)
   target_len: np.ndarray  # [N] int32: how many of them exist (1..S)
   example: np.ndarray     # [N] int32: index of the example the position belongs to
+  group_len: np.ndarray   # [N] int32: the segmentation's size of the group predicted (1..S)
 
 
 def extended_targets(prompt_len: int, response: Sequence[int], steps: Sequence[int],
@@ -118,13 +123,28 @@ def collect(cfg: HamburgerConfig, params, examples: Sequence[tuple], rows: int =
                              (hidden[r], stop[r], token[r], prob[r], targets[r], lengths[r])):
         parts[name].append(np.asarray(value)[sel])
       parts["example"].append(np.full(int(sel.sum()), i, np.int32))
+      parts["group_len"].append(batch["target_lengths"][r][sel])
   return DraftOutcomes(*(np.concatenate(parts[k]) for k in DraftOutcomes._fields))
 
 
-def labels(outcomes: DraftOutcomes, min_token_prob: float) -> tuple[np.ndarray, np.ndarray]:
-  """-> y [N, S] (1 = continue: the draft of token j + 1 is kept and right), valid [N, S]."""
+TARGETS = ("gate", "segments", "correct")
+
+
+def labels(outcomes: DraftOutcomes, min_token_prob: float,
+           target: str = "gate") -> tuple[np.ndarray, np.ndarray]:
+  """-> y [N, S] (1 = continue after token j), valid [N, S]; `target` in TARGETS (see above)."""
+  if target not in TARGETS:
+    raise ValueError(f"Unknown stop target {target!r}: use one of {', '.join(TARGETS)}.")
   n, s = outcomes.token.shape
-  exists = np.arange(s)[None] < outcomes.target_len[:, None]
+  j = np.arange(s)[None]
+  if target != "gate":
+    inside = j < outcomes.group_len[:, None]
+    y = j < outcomes.group_len[:, None] - 1
+    if target == "correct":
+      right = outcomes.token == outcomes.target
+      y = y & np.pad(right[:, 1:], ((0, 0), (0, 1)))
+    return y.astype(np.float32), inside
+  exists = j < outcomes.target_len[:, None]
   good = (outcomes.token == outcomes.target) & exists & (outcomes.prob >= min_token_prob)
   reach = np.ones((n, s), bool)          # reach[j]: the drafts of tokens 1..j kept and right
   for j in range(1, s):
