@@ -79,6 +79,9 @@ def main(argv=None):
                       help="what HAMburger's drafts choose from: 'full' (the whole vocabulary) or a "
                            "draft vocabulary file (decode/draft_vocab.py); default: the asset's "
                            "draft_vocab.json if it has one")
+  parser.add_argument("--code_fences", type=int, default=1,
+                      help="1: fenced code decodes one token per macro step (the decode.py and "
+                           "server default); 0: HAMburger merges inside code too")
   parser.add_argument("--out_dir", default="")
   parser.add_argument("--repeats", type=int, default=1)
   parser.add_argument("--batch_size", type=int, default=1,
@@ -106,6 +109,7 @@ def main(argv=None):
       code_prompt=[p["code"] for p in items], repeats=args.repeats,
       required_names=[evaluation.required_name(p["prompt"]) if p["code"] else None for p in items],
       paired=bool(args.paired),
+      fence_ids=tok.fence_ids() if args.code_fences else (),
       batch_size=args.batch_size or None,
       min_token_probs=[float(m) for m in args.min_token_probs.split(",")])
   result["seconds"] = time.time() - t0

@@ -204,3 +204,21 @@ def test_a_checkpoints_draft_vocabulary_is_used_unless_full_is_asked(ckpt, tmp_p
   assert all(t in (5, 9, 2) for g in groups for t in g[1:])
   code, out, err = _run(ckpt=own, prompt="1,5", token_ids=True, draft_vocab=str(tmp_path / "no"))
   assert code == 2 and "no draft vocabulary at" in err and err.count("\n") == 1
+
+
+class _FenceTokenizer:
+  def __init__(self, n):
+    self.n = n
+
+  def fence_ids(self):
+    return list(range(self.n))
+
+
+def test_code_fence_ids_follow_the_flag_and_the_limit():
+  from hamburger_jax.decode import cli  # pylint: disable=import-outside-toplevel
+  assert cli.code_fence_ids(DecodeArgs(), _FenceTokenizer(2), base_only=False) == (0, 1)
+  assert cli.code_fence_ids(DecodeArgs(code_fences=False), _FenceTokenizer(2), False) == ()
+  assert cli.code_fence_ids(DecodeArgs(), _FenceTokenizer(2), base_only=True) == ()
+  assert cli.code_fence_ids(DecodeArgs(), None, base_only=False) == ()
+  with pytest.raises(cli.UsageError, match="33 code-fence tokens, more than the 32 supported"):
+    cli.code_fence_ids(DecodeArgs(), _FenceTokenizer(33), base_only=False)

@@ -119,6 +119,7 @@ def test_result_groups_cut_tokens_by_group_ids():
       out_logprob=np.zeros((1, 5)), out_logit=np.zeros((1, 5)), out_stop=np.zeros((1, 5)),
       num_out=np.array([4]), macro_steps=np.array([3]), done=np.array([True]),
       finish=np.array([ds.LENGTH]), rng=None, iteration=np.array(3), out_start=np.array([0]),
+      in_fence=np.array([False]),
       knobs=None, micro_policy=None)
   r = ds.DecodeResult.from_state(st, 1)
   assert r.groups(0) == [[5, 6], [7], [8]]

@@ -48,6 +48,7 @@ class Request:
   top_p: float = 1.0
   seed: int = 0
   stop_ids: tuple[int, ...] = ()      # extra stop ids beside the model's EOS ids
+  fence_ids: tuple[int, ...] = ()     # code-fence ids: fenced code decodes one token per step
 
 
 @dataclasses.dataclass
@@ -164,6 +165,7 @@ class ContinuousBatcher:
     check_confidence(r.confidence, r.min_token_prob)
     make_sampling(r.temperature, r.top_k, r.top_p)
     check_ids("stop", r.stop_ids, ds.MAX_STOP)
+    check_ids("fence", r.fence_ids, ds.MAX_FENCE)
     check_seed(r.seed)
 
   def cancel(self, request_id: int) -> None:
@@ -209,6 +211,7 @@ class ContinuousBatcher:
         1, confidence=r.confidence, min_token_prob=r.min_token_prob,
         max_new_tokens=min(r.max_new_tokens, np.iinfo(np.int32).max),
         max_group=self.engine.max_steps, eos_ids=self.eos_ids, stop_ids=tuple(r.stop_ids),
+        fence_ids=tuple(r.fence_ids),
         sampling=make_sampling(r.temperature, r.top_k, r.top_p))
     self.state = self.executables("admit", self.params, self.state, np.int32(slot), prefix, last,
                                   lengths, knobs, row_keys([r.seed], [0]))

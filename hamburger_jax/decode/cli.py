@@ -23,6 +23,7 @@ from hamburger_jax.decode import draft_vocab as draft_vocab_lib
 from hamburger_jax.decode.evaluation import agreement
 from hamburger_jax.decode.render import Printer, stream_one, summary
 from hamburger_jax.decode import prompts as prompts_lib
+from hamburger_jax.decode import state as ds
 from hamburger_jax.decode.sampler import DecodeInputError, Sampler
 from hamburger_jax.decode.state import DecodeResult
 from hamburger_jax.model.config import HamburgerConfig
@@ -60,6 +61,7 @@ class DecodeArgs:
   seed: int = 0
   base: bool = False                # plain base-model decoding (the speed baseline)
   draft_vocab: str | None = None    # "full", a draft vocabulary file; None: the checkpoint's
+  code_fences: bool = True          # fenced code (between ``` tokens) decodes one token per step
   show_groups: bool = False         # delimit each macro step's group (colored on a tty)
   json: bool = False                # print outputs and stats as JSON
   cache_length: int = 0             # KV slots per row (0 = longest prompt + max_new_tokens)
@@ -206,6 +208,19 @@ def load_draft_vocab(a, cfg):
     raise UsageError(f"--draft_vocab: {e}") from None
 
 
+def code_fence_ids(a, tokenizer: Tokenizer | None, base_only: bool) -> tuple[int, ...]:
+  """The fence ids HAMburger decodes with (`DecodeKnobs.fence_ids`): the tokenizer's tokens that
+  hold ``` when a.code_fences (DecodeArgs or ServeArgs), else none."""
+  if not a.code_fences or tokenizer is None or base_only:
+    return ()
+  ids = tuple(tokenizer.fence_ids())
+  if len(ids) > ds.MAX_FENCE:
+    raise UsageError(f"The tokenizer has {len(ids)} code-fence tokens, more than the "
+                     f"{ds.MAX_FENCE} supported: turn code fences off (decode.py "
+                     "--nocode_fences, the server --no-code_fences).")
+  return ids
+
+
 def load_tokenizer(a: DecodeArgs) -> Tokenizer | None:
   """The tokenizer of --tokenizer or beside --ckpt (None with --token_ids)."""
   if a.token_ids:
@@ -238,7 +253,8 @@ def _samplers(a: DecodeArgs, cfg, params, base_only: bool, prompts, tokenizer):
   knobs = dict(max_new_tokens=a.max_new_tokens, confidence=a.confidence,
                min_token_prob=a.min_token_prob,
                temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, seed=a.seed,
-               max_group=(a.max_group or None) if not base_only else None)
+               max_group=(a.max_group or None) if not base_only else None,
+               fence_ids=code_fence_ids(a, tokenizer, base_only))
   base = None
   if a.compare_base and not base_only:
     base = Sampler(cfg, params, base=True, cache_length=cache_length, out_length=out_length,
@@ -376,6 +392,8 @@ _HELP = {
     "base": "plain base-model decoding, one token per step (the speed baseline)",
     "draft_vocab": "token ids drafts choose from: 'full' (the whole vocabulary) or a draft "
                    "vocabulary file (default: the checkpoint's draft_vocab.json if it has one)",
+    "code_fences": "fenced code (between tokens holding ```) decodes one token per macro step, "
+                   "as the base reads it (--nocode_fences: merge there too)",
     "show_groups": "mark each macro step's group; colored by token probability on a terminal",
     "json": "print outputs and stats as JSON",
     "cache_length": "KV slots per row (0 = longest prompt + max_new_tokens, rounded up to 64)",

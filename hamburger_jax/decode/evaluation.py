@@ -76,7 +76,8 @@ def measure(hamburger: Sampler, base: Sampler, scorer: BaseScorer, prompts: Sequ
             decode_text: Callable[[Sequence[int]], str] | None = None,
             code_prompt: Sequence[bool] | None = None, repeats: int = 1,
             batch_size: int | None = None, min_token_probs: Sequence[float] = (0.0,),
-            required_names: Sequence[str | None] | None = None, paired: bool = False) -> dict:
+            required_names: Sequence[str | None] | None = None, paired: bool = False,
+            fence_ids: Sequence[int] = ()) -> dict:
   """Runs the base and HAMburger (greedy) on the same prompts -> a dict of rows and summary.
 
   batch_size: prompts decoded together (None = all at once). Speed depends on it: a batch runs
@@ -85,6 +86,7 @@ def measure(hamburger: Sampler, base: Sampler, scorer: BaseScorer, prompts: Sequ
   required_names: per prompt, the function a code answer must define (None = no requirement).
   paired: time the base again beside every HAMburger setting, chunk by chunk interleaved, and
   take each speed-up from that pair (robust to a machine whose load changes during the run).
+  fence_ids: HAMburger's code-fence ids (`Sampler.make_knobs`); () = merge inside code too.
   """
   if batch_size is not None and batch_size < 1:
     raise ValueError(f"batch_size must be >= 1 or None (all prompts at once), got {batch_size}.")
@@ -130,7 +132,7 @@ def measure(hamburger: Sampler, base: Sampler, scorer: BaseScorer, prompts: Sequ
            "tokens_per_step": 1.0, "kv_per_token": 1.0, "tokens_per_s": base_tps,
            "speedup": 1.0, **quality(base_run)}]
   for conf, trust in ((c, m) for m in min_token_probs for c in confidences):
-    knobs = dict(confidence=conf, min_token_prob=trust)
+    knobs = dict(confidence=conf, min_token_prob=trust, fence_ids=tuple(fence_ids))
     if paired:
       run, again = timed((hamburger, knobs), (base, {}))
       ref_tps = base_tokens / again.decode_s
@@ -145,7 +147,7 @@ def measure(hamburger: Sampler, base: Sampler, scorer: BaseScorer, prompts: Sequ
                  "tokens_per_s": tps, "base_tokens_per_s": ref_tps, "speedup": tps / ref_tps,
                  **quality(run)})
   return {"prompts": len(prompts), "max_new_tokens": max_new_tokens, "batch_size": size,
-          "rows": rows,
+          "fence_ids": list(fence_ids), "rows": rows,
           "device": jax.devices()[0].device_kind, "backend": jax.default_backend()}
 
 

@@ -131,12 +131,19 @@ def _pick(engine, params, hidden, j, keys, knobs: ds.DecodeKnobs, budget,
   tok = choice if ids is None else jnp.take(ids, choice)
   is_eos = jnp.any(tok[:, None] == knobs.eos_ids, axis=-1)
   is_stop = jnp.any(tok[:, None] == knobs.stop_ids, axis=-1)
+  is_fence = is_fence_token(tok, knobs)
   cap = jnp.minimum(knobs.max_group, engine.max_steps)
   keep = (j == 0) | (jnp.exp(logprob) >= knobs.min_token_prob)
   # min_token_prob 1 means no draft at all (a float32 probability can round to exactly 1).
   go_on = ((continue_probability(stop) >= knobs.confidence) & keep
-           & (knobs.min_token_prob < 1.0) & (j + 1 < cap) & ~is_eos & ~is_stop & (j + 1 < budget))
+           & (knobs.min_token_prob < 1.0) & (j + 1 < cap) & ~is_eos & ~is_stop & (j + 1 < budget)
+           & ~is_fence)
   return Pick(tok, logprob, logit, stop, is_eos, is_stop, keep, go_on)
+
+
+def is_fence_token(tokens, knobs: ds.DecodeKnobs):
+  """tokens [B] -> [B] bool: the token is one of the row's code-fence ids."""
+  return jnp.any(tokens[:, None] == knobs.fence_ids, axis=-1)
 
 
 # On CPU, batches from this many rows compact their micro steps by default (engine's None): a
@@ -222,6 +229,7 @@ def _decode_group(engine: DecodeEngine, params, features, st: ds.DecodeState, ke
   model, s = engine.model, engine.max_steps
   budget = st.knobs.max_new_tokens - st.num_out
   p0 = _pick(engine, params, features[:, -1], 0, keys, st.knobs, budget)
+  p0 = p0.replace(go_on=p0.go_on & ~st.in_fence)      # inside a code fence: groups of one token
   group = Group.first(p0, s)
   if s == 1:
     return group
@@ -264,6 +272,9 @@ def _macro_step(engine: DecodeEngine, params, st: ds.DecodeState) -> ds.DecodeSt
   group_ids = jnp.broadcast_to(st.macro_steps[:, None], g.tokens.shape)
   write = lambda buf, values: ds.masked_set(buf, st.num_out - st.out_start, values, glen)
   num_out = st.num_out + glen
+  # A fence token always ends its group, so only a group's last token can open or close a fence.
+  last = jnp.take_along_axis(g.tokens, jnp.maximum(g.length - 1, 0)[:, None], axis=1)[:, 0]
+  in_fence = st.in_fence ^ (active & is_fence_token(last, st.knobs))
   hit_eos, hit_stop = active & g.eos, active & g.stop_id
   hit_len = active & (num_out >= st.knobs.max_new_tokens)
   full = active & (st.slot + 1 >= engine.cache_length)
@@ -277,6 +288,7 @@ def _macro_step(engine: DecodeEngine, params, st: ds.DecodeState) -> ds.DecodeSt
       out_logprob=write(st.out_logprob, g.logprob), out_logit=write(st.out_logit, g.logit),
       out_stop=write(st.out_stop, g.stop), num_out=num_out,
       macro_steps=st.macro_steps + active, done=st.done | hit_eos | hit_stop | hit_len | full,
+      in_fence=in_fence,
       finish=jnp.where(active, reason, st.finish).astype(jnp.int32), iteration=st.iteration + 1)
 
 

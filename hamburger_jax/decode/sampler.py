@@ -80,8 +80,10 @@ class Sampler:
   def make_knobs(self, rows: int, max_new_tokens: int, confidence: float = 0.8,
                  min_token_prob: float = 0.0, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                  max_group: int | None = None, eos_ids: Sequence[int] | None = None,
-                 stop_ids: Sequence[int] = ()) -> ds.DecodeKnobs:
-    """Validates the runtime settings and turns them into traced arrays for `rows` rows."""
+                 stop_ids: Sequence[int] = (), fence_ids: Sequence[int] = ()) -> ds.DecodeKnobs:
+    """Validates the runtime settings and turns them into traced arrays for `rows` rows.
+    fence_ids: code-fence token ids (`Tokenizer.fence_ids`): a group ends after one, and the
+    code between an opening and a closing fence decodes one token per macro step."""
     n, s = self.engine.out_length, self.engine.max_steps
     if not 1 <= max_new_tokens <= n:
       raise DecodeInputError(f"max_new_tokens must be in 1..{n} (the output buffer), got "
@@ -93,9 +95,11 @@ class Sampler:
     eos = list(self.eos_ids if eos_ids is None else eos_ids)
     check_ids("EOS", eos, ds.MAX_EOS)
     check_ids("stop", stop_ids, ds.MAX_STOP)
+    check_ids("fence", fence_ids, ds.MAX_FENCE)
     return ds.DecodeKnobs.make(rows, confidence=confidence, min_token_prob=min_token_prob,
                                max_new_tokens=max_new_tokens, max_group=max_group, eos_ids=eos,
-                               stop_ids=stop_ids, sampling=make_sampling(temperature, top_k, top_p))
+                               stop_ids=stop_ids, sampling=make_sampling(temperature, top_k, top_p),
+                               fence_ids=fence_ids)
 
   def pad_prompts(self, prompts: list[list[int]]):
     """-> prefix [Bb, P], last [Bb], lengths [Bb], padding-row flags [Bb] (numpy)."""
@@ -143,7 +147,8 @@ class Sampler:
 
   def decode(self, prompts, *, max_new_tokens: int, seed: int = 0, **knob_kwargs) -> DecodeResult:
     """Decodes a batch of token-id prompts. Knobs: confidence, min_token_prob, temperature,
-    top_k, top_p, max_group, eos_ids, stop_ids, micro_policy ("all" = each row as if alone). One host sync after prefill (for its timing) and one at the end."""
+    top_k, top_p, max_group, eos_ids, stop_ids, fence_ids, micro_policy ("all" = each row as
+    if alone). One host sync after prefill (for its timing) and one at the end."""
     state, rows, prefill_s, timer = self._timed_start(prompts, max_new_tokens=max_new_tokens,
                                                       seed=seed, **knob_kwargs)
     host = lp.to_host(self.run(state))

@@ -27,6 +27,7 @@ FINISH_NAMES = {RUNNING: "running", EOS: "eos", LENGTH: "length", BUFFER_FULL: "
                 PADDING: "padding", STOP: "stop"}
 MAX_EOS = 8   # static length of DecodeKnobs.eos_ids
 MAX_STOP = 8  # static length of DecodeKnobs.stop_ids
+MAX_FENCE = 32  # static length of DecodeKnobs.fence_ids
 
 
 @flax.struct.dataclass
@@ -39,10 +40,14 @@ class DecodeKnobs:
   eos_ids: jax.Array         # [B, MAX_EOS] i32: end-of-sequence ids, padded with -1
   stop_ids: jax.Array        # [B, MAX_STOP] i32: extra stop ids (finish reason "stop"), -1 pads
   sampling: SamplingParams   # temperature / top-k / top-p, each [B]
+  # [B, MAX_FENCE] i32, -1 pads: code-fence ids. A group ends after a fence token, and between an
+  # opening and a closing fence every group is one token (code decodes as the base does).
+  fence_ids: jax.Array
 
   @classmethod
   def make(cls, rows: int, *, confidence: float, min_token_prob: float, max_new_tokens: int,
-           max_group: int, eos_ids, sampling: SamplingParams, stop_ids=()) -> "DecodeKnobs":
+           max_group: int, eos_ids, sampling: SamplingParams, stop_ids=(),
+           fence_ids=()) -> "DecodeKnobs":
     """The same (already validated) settings for `rows` rows."""
     fill = lambda value, dtype: jnp.full((rows,), value, dtype)
     ids = lambda xs, n: jnp.tile(jnp.asarray(list(xs) + [-1] * (n - len(xs)), jnp.int32),
@@ -50,7 +55,8 @@ class DecodeKnobs:
     return cls(fill(confidence, jnp.float32), fill(min_token_prob, jnp.float32),
                fill(max_new_tokens, jnp.int32), fill(max_group, jnp.int32),
                ids(eos_ids, MAX_EOS), ids(stop_ids, MAX_STOP),
-               jax.tree_util.tree_map(lambda x: jnp.full((rows,), x), sampling))
+               jax.tree_util.tree_map(lambda x: jnp.full((rows,), x), sampling),
+               ids(fence_ids, MAX_FENCE))
 
 
 @flax.struct.dataclass
@@ -104,6 +110,7 @@ class DecodeState:
   num_out: jax.Array         # [B] i32: tokens generated so far
   macro_steps: jax.Array     # [B] i32: groups emitted so far (= base forwards of the row)
   done: jax.Array            # [B] bool: the row has finished
+  in_fence: jax.Array        # [B] bool: the row's output is inside a code fence (knobs.fence_ids)
   finish: jax.Array          # [B] i32: finish reason (RUNNING, EOS, LENGTH, BUFFER_FULL, ..)
   rng: jax.Array             # [B, 2] PRNG key per row; step keys fold_in(macro step, micro step)
   iteration: jax.Array       # [] i32: loop iterations run so far (all rows)
@@ -125,7 +132,7 @@ def init_state(cache, last_tokens, prompt_lengths, done, rng, knobs: DecodeKnobs
       cache=cache, slot=prompt_lengths - 1, position=prompt_lengths - 1, group_tokens=group,
       group_len=jnp.ones((b,), jnp.int32), out_tokens=zeros(), out_group=zeros(),
       out_logprob=fzeros(), out_logit=fzeros(), out_stop=fzeros(), num_out=jnp.zeros((b,), jnp.int32),
-      macro_steps=jnp.zeros((b,), jnp.int32), done=done,
+      macro_steps=jnp.zeros((b,), jnp.int32), done=done, in_fence=jnp.zeros((b,), bool),
       finish=jnp.where(done, PADDING, RUNNING).astype(jnp.int32), rng=rng,
       iteration=jnp.zeros((), jnp.int32), out_start=jnp.zeros((b,), jnp.int32), knobs=knobs,
       micro_policy=policy)

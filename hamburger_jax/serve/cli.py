@@ -52,6 +52,9 @@ class ServeArgs:
   draft_vocab: str | None = _flag(
       None, "token ids drafts choose from: 'full' (the whole vocabulary) or a draft vocabulary "
             "file (default: the checkpoint's draft_vocab.json if it has one)")
+  code_fences: bool = _flag(
+      True, "fenced code (between tokens holding ```) decodes one token per macro step, as the "
+            "base reads it (--no-code_fences: merge there too)")
   engine: str = _flag("continuous", "'continuous' (up to --num_slots requests decoded together) "
                                      "or 'serial' (one request at a time, the baseline)")
   num_slots: int = _flag(8, "requests decoded together (continuous engine)")
@@ -122,7 +125,9 @@ def service_for(engine, cfg, tokenizer, a: ServeArgs) -> Service:
                  a.model_id or default_model_id(a.ckpt), tokenizer=tokenizer,
                  vocab_size=llama.vocab_size, max_prompt_len=engine.max_prompt_len,
                  limits=limits, request_timeout=a.request_timeout, system=a.system,
-                 engine_name=a.engine)
+                 engine_name=a.engine,
+                 fence_ids=decode_cli.code_fence_ids(a, tokenizer, a.base or not isinstance(
+                     cfg, HamburgerConfig)))
 
 
 def warm_up(engine) -> None:

@@ -70,7 +70,8 @@ class SerialEngine:
   def _knobs(self, r: Request) -> dict:
     return dict(confidence=r.confidence, min_token_prob=r.min_token_prob,
                 temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
-                stop_ids=tuple(int(i) for i in r.stop_ids))
+                stop_ids=tuple(int(i) for i in r.stop_ids),
+                fence_ids=tuple(int(i) for i in r.fence_ids))
 
   def submit(self, request: Request) -> int:
     """Validates the request (ValueError naming the problem) and queues it; -> its id."""

@@ -71,11 +71,13 @@ class Service:
 
   def __init__(self, worker: EngineWorker, model_id: str, *, tokenizer, vocab_size: int,
                max_prompt_len: int, limits: Limits, request_timeout: float,
-               system: str | None = None, engine_name: str = ""):
+               system: str | None = None, engine_name: str = "",
+               fence_ids: tuple[int, ...] = ()):
     self.worker, self.model_id, self.tokenizer = worker, model_id, tokenizer
     self.vocab_size, self.max_prompt_len, self.limits = vocab_size, max_prompt_len, limits
     self.request_timeout = request_timeout
     self.system, self.engine_name = system, engine_name
+    self.fence_ids = tuple(fence_ids)    # code fences: fenced code decodes one token per step
     self.chat_stop_ids = tuple(tokenizer.stop_ids(chat=True)) if tokenizer is not None else ()
     self.draining = False
     self.drain_deadline: float | None = None      # time.monotonic() when draining requests are answered
@@ -127,7 +129,8 @@ class Service:
         prompt_ids=prompt_ids, max_new_tokens=settings.max_tokens,
         confidence=settings.confidence, min_token_prob=settings.min_token_prob,
         temperature=settings.temperature, top_k=settings.top_k,
-        top_p=settings.top_p, seed=settings.seed, stop_ids=self.chat_stop_ids if chat else ())
+        top_p=settings.top_p, seed=settings.seed, stop_ids=self.chat_stop_ids if chat else (),
+        fence_ids=self.fence_ids)
     try:
       ticket = self.worker.submit(request, asyncio.get_running_loop())
     except QueueFull as e:

@@ -49,6 +49,10 @@ class Tokenizer:
       return []
     return [self.vocab[t] for t in templates.STOP_TOKENS[self.chat_format] if t in self.vocab]
 
+  def fence_ids(self) -> list[int]:
+    """Ids of the tokens whose text holds a Markdown code fence (```), sorted."""
+    return sorted(i for i in self.vocab.values() if "```" in self._tok.decode([i]))
+
   def chat_parts(self, prompt: str | templates.Messages, system: str | None = None) -> list[str]:
     """The model's chat template around the conversation, ending where the assistant speaks."""
     fmt = self.chat_format
