@@ -101,11 +101,11 @@ def request_lengths(num, n, spread, seed=0):
   return [max(1, int(round(n * (1 + x)))) for x in u]
 
 
-def run_continuous(batcher, prompts, lengths, confidence, min_token_prob=0.0):
+def run_continuous(batcher, prompts, lengths, confidence, min_token_prob=0.0, fence_ids=()):
   """lengths: max_new_tokens per prompt -> (token lists, macro steps, wall s, None); a 1-token
   pass compiles first."""
   buckets = {batcher.prompt_bucket(len(p)): p for p in prompts}             # each bucket once
-  knobs = dict(confidence=confidence, min_token_prob=min_token_prob)
+  knobs = dict(confidence=confidence, min_token_prob=min_token_prob, fence_ids=tuple(fence_ids))
   batcher.generate([Request(p, 1, **knobs) for p in buckets.values()])
   t0 = time.perf_counter()
   done = batcher.generate([Request(p, m, **knobs) for p, m in zip(prompts, lengths)])
@@ -127,11 +127,12 @@ def row(batch, engine, model, policy, run, prompts, base_tokens, scorer, compact
           "base_nll": scorer.mean_nll(prompts, tokens)}
 
 
-def bench_batch(b, cfg, params, prompts, args, scorer, drafts=(None,)):
+def bench_batch(b, cfg, params, prompts, args, scorer, drafts=(None,), fence_ids=()):
   """All settings at one batch size -> rows. Every setting runs `args.repeats` times, the
   settings in rotation (a slow phase of a shared machine hits them alike); its wall time is the
   median (greedy: every repeat gives the same tokens, checked). drafts: what HAMburger's drafts
-  choose from, one entry per run of its settings (token ids, or None for the whole vocabulary)."""
+  choose from, one entry per run of its settings (token ids, or None for the whole vocabulary).
+  fence_ids: HAMburger's code-fence ids (() = merge inside code too)."""
   n, conf, trust = args.max_new_tokens, args.confidence, args.min_token_prob
   lengths = request_lengths(len(prompts), n, args.length_spread)
   cache = max(len(p) for p in prompts) + max(lengths) + 1
@@ -158,11 +159,12 @@ def bench_batch(b, cfg, params, prompts, args, scorer, drafts=(None,)):
 
       def continuous(batcher=ham_c, policy=policy):
         batcher.set_micro_policy(policy)
-        return run_continuous(batcher, prompts, lengths, conf, trust)
+        return run_continuous(batcher, prompts, lengths, conf, trust, fence_ids)
 
       settings += [(dict(engine="static", **meta),
                     functools.partial(run_static, ham_s, prompts, b, n, confidence=conf,
-                                      min_token_prob=trust, micro_policy=policy)),
+                                      min_token_prob=trust, micro_policy=policy,
+                                      fence_ids=tuple(fence_ids))),
                    (dict(engine="continuous", **meta), continuous)]
   engines = args.engines.split(",")
   settings = [(meta, fn) for meta, fn in settings if meta["engine"] in engines]
@@ -232,6 +234,9 @@ def main(argv=None):
                       help="1: also run HAMburger with micro-step compaction off (batch >= 4)")
   parser.add_argument("--repeats", type=int, default=3,
                       help="timed runs of every setting, in rotation (the median is reported)")
+  parser.add_argument("--code_fences", type=int, default=1,
+                      help="1: HAMburger's fenced code decodes one token per macro step (the "
+                           "server's default); 0: it merges inside code too")
   parser.add_argument("--out", default="docs/batching_speed.json")
   args = parser.parse_args(argv)
   if not args.engines or set(args.engines.split(",")) - {"static", "continuous"}:
@@ -262,13 +267,15 @@ def main(argv=None):
       "max_new_tokens": args.max_new_tokens, "length_spread": args.length_spread,
       "confidence": args.confidence,
       "min_token_prob": args.min_token_prob,
-      "chunk_steps": args.chunk_steps, "repeats": args.repeats, "prompts": "held-out prompts (standard library and broad), chat template",
+      "chunk_steps": args.chunk_steps, "repeats": args.repeats,
+      "code_fences": bool(args.code_fences), "prompts": "held-out prompts (standard library and broad), chat template",
       "device": jax.devices()[0].device_kind, "backend": jax.default_backend(),
       "machine": machine() + ", shared",
       "load_average_before": load_before}
   for b in batch_sizes:                  # the JSON is rewritten after every batch size
     prompts = all_prompts[:args.batch1_prompts if b == 1 else args.num_prompts]
-    result["rows"] += bench_batch(b, cfg, params, prompts, args, scorer, drafts)
+    result["rows"] += bench_batch(b, cfg, params, prompts, args, scorer, drafts,
+                                  tok.fence_ids() if args.code_fences else ())
     result.update(load_average_after=os.getloadavg(), seconds=time.time() - t0)
     _write(result, args.out)
   print(format_table(result))
