@@ -80,6 +80,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.loss.stop_weight = 0.5      # weight of the stop-head BCE
   c.loss.stop_target = "segments"  # stop-head target: "segments" (the group's end) | "correct"
                                 # (also where the micro decoder's next prediction is wrong)
+  c.loss.step_weights = ""      # CE weight per micro step, e.g. "4,1,1,1"; "" = equal
   c.loss.kl_weight = 0.0        # distillation: weight of KL(teacher || student); 0 = off
   c.loss.teacher_len = 0        # plain tokens per row for the teacher; 0 = seq_len * max_steps
   c.loss.chunk_size = 64        # LM head + CE/KL on this many macro positions at a time (float32

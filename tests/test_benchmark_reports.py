@@ -266,3 +266,15 @@ def test_quality_code_prompt_set_is_the_held_out_named_function_prompts():
   assert 0 < sum(p["code"] for p in mixed) < 24
   with pytest.raises(ValueError, match="--prompt_set must be stdlib, broad, both or code"):
     quality.heldout_prompts(4, "python")
+
+
+def test_nll_by_token_kind_labels_step0_after_merges_and_drafts():
+  import nll_by_token_kind as nk  # pylint: disable=import-error
+  # groups 1, 1 (no merge yet), 3 (merged), 1 (right after it), 1, 2, 1
+  assert nk.token_kinds([1, 1, 3, 0, 1, 1, 2, 1]) == [
+      "first_step0", "first_step0", "first_step0", "draft", "draft", "step0_after_merge",
+      "step0_later", "step0_later", "draft", "step0_after_merge"]
+  assert nk.parse_settings("0.35/0.8,0.05/0.6") == [(0.35, 0.8), (0.05, 0.6)]
+  for bad in ("0.35", "0.35/1.5", "x/y"):
+    with pytest.raises(argparse.ArgumentTypeError, match="CONFIDENCE/MIN_TOKEN_PROB"):
+      nk.parse_settings(bad)

@@ -70,6 +70,25 @@ def test_training_targets_label_inside_the_segmentation_group_only():
     sc.labels(o, min_token_prob=0.8, target="ends")
 
 
+def test_readable_target_drops_groups_whose_merge_the_base_misreads():
+  # one example, 3 positions in order: groups of 3, 2 and 2 tokens, all drafts right
+  o = _outcomes(token=[[7, 1, 2, 3], [8, 1, 2, 3], [6, 1, 2, 3]],
+                prob=[[.9] * 4] * 3,
+                target=[[7, 1, 2, 3], [7, 1, 2, 3], [6, 1, 2, 3]],
+                target_len=[4, 4, 4], group_len=[3, 2, 2])
+  np.testing.assert_array_equal(sc.merge_read_right(o), [False, True, True])
+  y_c, valid_c = sc.labels(o, min_token_prob=0.8, target="correct")
+  y, valid = sc.labels(o, min_token_prob=0.8, target="readable")
+  # group 0's merge is followed by a wrong step 0 (8 vs 7): it loses its continue labels;
+  # group 1 is followed by a right one; group 2 is the example's last: counted as read
+  np.testing.assert_array_equal(y_c, [[1, 1, 0, 0], [1, 0, 0, 0], [1, 0, 0, 0]])
+  np.testing.assert_array_equal(y, [[0, 0, 0, 0], [1, 0, 0, 0], [1, 0, 0, 0]])
+  np.testing.assert_array_equal(valid, valid_c)
+  # a position of another example never reads this one's next step 0
+  o2 = o._replace(example=np.asarray([0, 1, 1], np.int32))
+  np.testing.assert_array_equal(sc.merge_read_right(o2), [True, True, True])
+
+
 def test_collect_matches_the_training_forward_inside_groups():
   cfg = tiny_config(num_layers=2)
   params = random_params(cfg, seed=1)

@@ -42,3 +42,33 @@ def test_loss_uses_the_chosen_target():
 def test_unknown_target_is_refused():
   with pytest.raises(ValueError, match="loss.stop_target must be one of"):
     losses.stop_targets_from(jnp.array([[1]]), jnp.ones((1, 1, 4)), "sometimes")
+
+
+def test_step_weights_reweight_the_label_loss_per_micro_step():
+  rng = np.random.default_rng(1)
+  stats = {"ce": jnp.asarray(rng.uniform(0.1, 3.0, size=(2, 3, 4)), jnp.float32),
+           "correct": jnp.zeros((2, 3, 4))}
+  stop_logits = jnp.zeros((2, 3, 4))
+  lengths = jnp.array([[4, 2, 0], [1, 3, 4]])
+  mask = np.arange(4) < np.asarray(lengths)[..., None]
+  ce = np.asarray(stats["ce"])
+  plain, m_plain = losses.hamburger_loss_from_stats(stats, stop_logits, lengths)
+  w = (4.0, 1.0, 1.0, 1.0)
+  weighted, m_w = losses.hamburger_loss_from_stats(stats, stop_logits, lengths, step_weights=w)
+  expect = (ce * np.asarray(w) * mask).sum() / (np.asarray(w) * mask).sum()
+  np.testing.assert_allclose(float(weighted - 0.5 * m_w["stop_loss"]), expect, rtol=1e-5)
+  # equal weights are the plain mean; the reported label loss is unweighted either way
+  same, _ = losses.hamburger_loss_from_stats(stats, stop_logits, lengths, step_weights=(2,) * 4)
+  np.testing.assert_allclose(float(same), float(plain), rtol=1e-6)
+  assert float(m_w["label_loss"]) == float(m_plain["label_loss"])
+
+
+@pytest.mark.parametrize("spec", ["4,1,1", "a,b,c,d", "-1,1,1,1", "0,0,0,0"])
+def test_bad_step_weights_are_refused(spec):
+  with pytest.raises(ValueError, match="loss.step_weights must be 4 comma-separated"):
+    losses.parse_step_weights(spec, 4)
+
+
+def test_step_weights_parse():
+  assert losses.parse_step_weights("", 4) is None
+  assert losses.parse_step_weights("4,1,1,1", 4) == (4.0, 1.0, 1.0, 1.0)

@@ -45,6 +45,7 @@ def compiles():
     ({"data.response_len": (4, 40)}, "data.seq_len is 32"),
     ({"optim.name": "sgd"}, "only 'adamw'"),
     ({"loss.stop_target": "sometimes"}, "loss.stop_target must be one of"),
+    ({"loss.step_weights": "4,1"}, "loss.step_weights must be 4 comma-separated"),
 ])
 def test_bad_config_fails_before_compiling(tmp_path, compiles, overrides, message):
   with pytest.raises(ValueError, match=message):

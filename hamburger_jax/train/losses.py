@@ -76,16 +76,40 @@ def hamburger_loss(logits, stop_logits, target_tokens, target_lengths, stop_weig
   return hamburger_loss_from_stats(stats, stop_logits, target_lengths, stop_weight, stop_target)
 
 
+def parse_step_weights(spec: str, max_steps: int) -> tuple[float, ...] | None:
+  """loss.step_weights: "" (every micro step's CE counts alike) or max_steps comma-separated
+  weights >= 0, not all zero, e.g. "4,1,1,1" (step 0, the base's own next token, counts 4x)."""
+  if not spec:
+    return None
+  try:
+    weights = tuple(float(w) for w in spec.split(","))
+  except ValueError:
+    weights = ()
+  if len(weights) != max_steps or min(weights) < 0 or not any(weights):
+    raise ValueError(f"loss.step_weights must be {max_steps} comma-separated weights >= 0, not "
+                     f"all zero (e.g. \"4{',1' * (max_steps - 1)}\"), or \"\" for equal ones; "
+                     f"got {spec!r}.")
+  return weights
+
+
 def hamburger_loss_from_stats(stats, stop_logits, target_lengths, stop_weight: float = 0.5,
-                              stop_target: str = "segments"):
-  """`hamburger_loss` from per-token {"ce", "correct"} [B, M, S] (see token_stats)."""
+                              stop_target: str = "segments", step_weights=None):
+  """`hamburger_loss` from per-token {"ce", "correct"} [B, M, S] (see token_stats).
+
+  step_weights (S floats or None): the label loss is the CE averaged with these weights per
+  micro step (parse_step_weights); the metrics' label_loss / perplexity stay unweighted.
+  """
   s = stop_logits.shape[-1]
   mask = target_masks(target_lengths, s)[0]
   stop_targets = stop_targets_from(target_lengths, stats["correct"], stop_target)
   bce = optax.sigmoid_binary_cross_entropy(stop_logits.astype(jnp.float32), stop_targets)
   label_loss = masked_mean(stats["ce"], mask)
+  weighted = label_loss
+  if step_weights is not None:
+    w = jnp.asarray(step_weights, jnp.float32) * mask
+    weighted = jnp.sum(stats["ce"] * w) / jnp.maximum(jnp.sum(w), 1e-9)
   stop_loss = masked_mean(bce, mask)
-  loss = label_loss + stop_weight * stop_loss
+  loss = weighted + stop_weight * stop_loss
   metrics = {"label_loss": label_loss, "stop_loss": stop_loss,
              "perplexity": jnp.exp(label_loss)}
   metrics["loss"] = loss
@@ -211,7 +235,9 @@ def hamburger_train_loss(cfg: HamburgerConfig, loss_cfg, plain_len, max_targets,
                       (features, targets, t_hidden), chunk)
   loss, metrics = hamburger_loss_from_stats(stats, stats["stop"], lengths,
                                             stop_weight=loss_cfg.stop_weight,
-                                            stop_target=loss_cfg.get("stop_target", "segments"))
+                                            stop_target=loss_cfg.get("stop_target", "segments"),
+                                            step_weights=parse_step_weights(
+                                                loss_cfg.get("step_weights", ""), cfg.max_steps))
   if max_targets is not None:
     metrics["targets_dropped"] = (jnp.sum(batch["target_lengths"] > 0)
                                   - jnp.sum(lengths > 0)).astype(jnp.float32)

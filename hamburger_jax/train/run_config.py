@@ -17,7 +17,7 @@ import jax
 from hamburger_jax.model.config import PRESETS, HamburgerConfig
 from hamburger_jax.model.execution import Execution
 from hamburger_jax.train import batches, optim, sharding
-from hamburger_jax.train.losses import STOP_TARGETS
+from hamburger_jax.train.losses import STOP_TARGETS, parse_step_weights
 
 MODES = ("hamburger", "base_lm")
 
@@ -92,6 +92,8 @@ def _validate(config, num_devices: int | None) -> None:
   if config.loss.get("stop_target", "segments") not in STOP_TARGETS:
     raise ValueError(f"loss.stop_target must be one of {STOP_TARGETS}, got "
                      f"{config.loss.stop_target!r}.")
+  if config.mode == "hamburger":
+    parse_step_weights(config.loss.get("step_weights", ""), model_config(config).max_steps)
   if config.loss.chunk_size < 0:
     raise ValueError(f"loss.chunk_size must be >= 0 (0 = no chunking), got {config.loss.chunk_size}.")
   shards = sharding.mesh_shape(config.mesh, num_devices or jax.device_count())

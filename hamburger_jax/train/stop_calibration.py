@@ -19,6 +19,10 @@ This module refits the stop head alone (everything else frozen) to one of three 
     `loss.stop_target="segments"`), inside the group.
   "correct": as "segments", and the micro decoder's teacher-forced prediction of token j + 1 is
     right (`loss.stop_target="correct"`), inside the group.
+  "readable": as "correct", and the base reads the merged group right: micro step 0 at the
+    next macro position (the base's own next token after reading this group as one input)
+    equals the answer's token. Groups of one token are never merged, so only groups of >= 2
+    tokens can lose their labels; the example's last group counts as read.
 
     outcomes = collect(cfg, params, examples)                  # one frozen forward
     y, valid = labels(outcomes, min_token_prob=0.8)            # target="gate"
@@ -127,7 +131,7 @@ def collect(cfg: HamburgerConfig, params, examples: Sequence[tuple], rows: int =
   return DraftOutcomes(*(np.concatenate(parts[k]) for k in DraftOutcomes._fields))
 
 
-TARGETS = ("gate", "segments", "correct")
+TARGETS = ("gate", "segments", "correct", "readable")
 
 
 def labels(outcomes: DraftOutcomes, min_token_prob: float,
@@ -140,9 +144,11 @@ def labels(outcomes: DraftOutcomes, min_token_prob: float,
   if target != "gate":
     inside = j < outcomes.group_len[:, None]
     y = j < outcomes.group_len[:, None] - 1
-    if target == "correct":
+    if target in ("correct", "readable"):
       right = outcomes.token == outcomes.target
       y = y & np.pad(right[:, 1:], ((0, 0), (0, 1)))
+    if target == "readable":
+      y = y & merge_read_right(outcomes)[:, None]
     return y.astype(np.float32), inside
   exists = j < outcomes.target_len[:, None]
   good = (outcomes.token == outcomes.target) & exists & (outcomes.prob >= min_token_prob)
@@ -154,6 +160,18 @@ def labels(outcomes: DraftOutcomes, min_token_prob: float,
   y[:, :-1] = good[:, 1:]
   valid[:, :-1] = reach[:, :-1] & exists[:, 1:]
   return y, valid
+
+
+def merge_read_right(outcomes: DraftOutcomes) -> np.ndarray:
+  """-> [N] bool: after position n's group is read as one input, micro step 0 at the next
+  position of the same example (positions come in order per example) predicts the answer's next
+  token; True where the example has no next position."""
+  step0_right = outcomes.token[:, 0] == outcomes.target[:, 0]
+  same = np.zeros(len(step0_right), bool)
+  same[:-1] = outcomes.example[1:] == outcomes.example[:-1]
+  nxt = np.ones(len(step0_right), bool)
+  nxt[:-1] = step0_right[1:]
+  return np.where(same, nxt, True)
 
 
 class FitReport(NamedTuple):
