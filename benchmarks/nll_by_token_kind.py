@@ -1,6 +1,6 @@
 r"""Where HAMburger's answers part from the base: the base's NLL of each generated token, by kind.
 
-    python benchmarks/nll_by_token_kind.py --settings 0.35/0.8,0.05/0.6 --out docs/nll_by_token_kind.json
+    python benchmarks/nll_by_token_kind.py --settings 0.35/0.8,0.05/0.6 --out nll_by_kind.json
 
 Decodes the held-out prompts of benchmarks/quality.py one at a time (code fences on, as decode.py
 and the server) and scores every generated token with the base reading the answer unmerged.
@@ -67,7 +67,8 @@ def parse_settings(text: str) -> list[tuple[float, float]]:
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--settings", type=parse_settings, default=parse_settings("0.35/0.8,0.05/0.6"))
+  parser.add_argument("--settings", type=parse_settings,
+                      default=parse_settings("0.35/0.8,0.05/0.6"))
   parser.add_argument("--num_prompts", type=int, default=24)
   parser.add_argument("--max_new_tokens", type=int, default=48)
   parser.add_argument("--prompt_set", default="both", choices=["stdlib", "broad", "both", "code"])
@@ -78,13 +79,17 @@ def main(argv=None):
     parser.error("--num_prompts and --max_new_tokens must be >= 1.")
 
   from quality import heldout_prompts  # pylint: disable=import-error
+  from hamburger_jax.convert.errors import CheckpointError
   from hamburger_jax.decode import draft_vocab
   from hamburger_jax.decode.sampler import Sampler
   from hamburger_jax.model.scoring import Scorer
   from hamburger_jax.recipes import smollm2
   t0 = time.time()
   asset = args.asset_dir or smollm2.ASSET_DIR
-  cfg, params, tok, base_cfg = smollm2.load_shipped(asset)
+  try:
+    cfg, params, tok, base_cfg = smollm2.load_shipped(asset)
+  except CheckpointError as e:
+    parser.error(f"--asset_dir: {e}")
   prompts = [tok.encode(p["prompt"], chat=True, system=smollm2.SYSTEM_PROMPT)
              for p in heldout_prompts(args.num_prompts, args.prompt_set)]
   kw = dict(cache_length=max(map(len, prompts)) + args.max_new_tokens,

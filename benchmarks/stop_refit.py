@@ -3,20 +3,20 @@ targets) and compare the decode decisions offline.
 
     python benchmarks/stop_refit.py --lines 6089:7289 --out docs/stop_refit.json \
         --asset_out runs/stop_refit
-    python benchmarks/stop_refit.py --targets gate,segments,correct,readable ...   # equal-budget A/B
+    python benchmarks/stop_refit.py --targets gate,segments,correct,readable ...  # equal budget
 
 Reads SmolLM2's distilled answers (`docs/smollm2_v2_sft.jsonl.gz`, the given line range: lines
 never used to train the shipped weights), segments them with the base's entropy as the recipe
 does, runs the frozen model teacher forced on targets that run past each group's end, and refits
 the stop head alone to "the next draft is kept by the gate and right" (`--targets gate`), and /
 or to the segmentation's group ends ("segments") or those plus "the micro decoder's next
-prediction is right" ("correct"), or those plus "the base reads the merged group right: its next
-token after it is the answer's" ("readable"), each from the same frozen forward with the same optimiser
-and steps (`hamburger_jax/train/stop_calibration.py`). Of the examples, the last `--test_examples` are held
-out for the table, the `--val_examples` before them for early stopping. The table applies the
-decode rule to the held-out positions with the shipped and the refit stop head: tokens per macro
-step, micro steps run (each one a draft) and kept drafts that differ from the answer.
-`--asset_out DIR` writes DIR/<target>: the shipped weights with that refit head, for
+prediction is right" ("correct"), or those plus "the base reads the merged group right: its
+next token after it is the answer's" ("readable"), each from the same frozen forward with the
+same optimiser and steps (`hamburger_jax/train/stop_calibration.py`). Of the examples, the last
+`--test_examples` are held out for the table, the `--val_examples` before them for early stopping.
+The table applies the decode rule to the held-out positions with the shipped and the refit stop
+head: tokens per macro step, micro steps run (each one a draft) and kept drafts that differ from
+the answer. `--asset_out DIR` writes DIR/<target>: the shipped weights with that refit head, for
 `benchmarks/quality.py --asset_dir` and `benchmarks/batching_speed.py --asset_dir`. Prints JSON
 and a table.
 """
@@ -104,7 +104,8 @@ def main(argv=None):
                       help="the gate the refit head is trained for (the shipped default)")
   parser.add_argument("--steps", type=int, default=3000)
   parser.add_argument("--targets", default="gate",
-                      help="comma-separated stop targets to refit to: gate, segments, correct, readable")
+                      help="comma-separated stop targets to refit to: gate, segments, "
+                           "correct, readable")
   parser.add_argument("--confidences", default="0.05,0.2,0.35,0.5,0.65")
   parser.add_argument("--asset_out", default="")
   parser.add_argument("--out", default="")

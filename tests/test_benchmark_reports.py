@@ -278,3 +278,11 @@ def test_nll_by_token_kind_labels_step0_after_merges_and_drafts():
   for bad in ("0.35", "0.35/1.5", "x/y"):
     with pytest.raises(argparse.ArgumentTypeError, match="CONFIDENCE/MIN_TOKEN_PROB"):
       nk.parse_settings(bad)
+
+
+def test_nll_by_token_kind_rejects_a_missing_asset(capsys, tmp_path):
+  import nll_by_token_kind as nk  # pylint: disable=import-error
+  with pytest.raises(SystemExit):
+    nk.main(["--asset_dir", str(tmp_path / "none"), "--num_prompts", "1"])
+  err = capsys.readouterr().err
+  assert "--asset_dir: No shipped HAMburger weights" in err and "Traceback" not in err

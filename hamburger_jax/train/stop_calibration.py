@@ -7,7 +7,7 @@ micro step for nothing. Trained on the segmentation (and "correct"), the stop he
 the base is confident, not where the next draft will pass the gate, so at the shipped defaults
 about half the drafts it asks for are dropped.
 
-This module refits the stop head alone (everything else frozen) to one of three labels
+This module refits the stop head alone (everything else frozen) to one of four labels
 (y_j = 1: continue after token j), on the same frozen forward, so they compare at equal budget:
 
   "gate": the draft of token j + 1 is kept (prob >= min_token_prob) AND equals the answer's
