@@ -80,9 +80,8 @@ def main(argv=None):
 
   from quality import heldout_prompts  # pylint: disable=import-error
   from hamburger_jax.convert.errors import CheckpointError
-  from hamburger_jax.decode import draft_vocab
+  from hamburger_jax.decode import draft_vocab, evaluation
   from hamburger_jax.decode.sampler import Sampler
-  from hamburger_jax.model.scoring import Scorer
   from hamburger_jax.recipes import smollm2
   t0 = time.time()
   asset = args.asset_dir or smollm2.ASSET_DIR
@@ -97,11 +96,11 @@ def main(argv=None):
   hamburger = Sampler(cfg, params, draft_vocab=draft_vocab.resolve(None, asset,
                                                                    cfg.base.vocab_size), **kw)
   base = Sampler(cfg, params, base=True, **kw)
-  scorer = Scorer(base_cfg, params["base"], metric="nll", max_length=4096)
+  scorer = evaluation.BaseScorer(base_cfg, params["base"])
   fences = tok.fence_ids()
 
   def nll(prompt, tokens):
-    return scorer.score([np.asarray(list(prompt) + list(tokens), np.int32)])[0][len(prompt):]
+    return scorer.token_nll([prompt], [tokens])[0]
 
   own = [nll(p, base.decode([p], max_new_tokens=args.max_new_tokens).tokens[0]) for p in prompts]
   result = {"prompts": len(prompts), "max_new_tokens": args.max_new_tokens,

@@ -57,10 +57,14 @@ class BaseScorer:
   def __init__(self, cfg, params, max_length: int = 4096):
     self.scorer = Scorer(cfg, params, metric="nll", max_length=max_length)
 
-  def mean_nll(self, prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]]) -> float:
+  def token_nll(self, prompts: Sequence[Sequence[int]],
+                outputs: Sequence[Sequence[int]]) -> list[np.ndarray]:
+    """The base's NLL of each output token: one [len(output)] array per prompt."""
     seqs = [np.asarray(list(p) + list(o), np.int32) for p, o in zip(prompts, outputs)]
-    values = self.scorer.score(seqs)
-    total = sum(float(v[len(p):].sum()) for p, v in zip(prompts, values))
+    return [v[len(p):] for p, v in zip(prompts, self.scorer.score(seqs))]
+
+  def mean_nll(self, prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]]) -> float:
+    total = sum(float(v.sum()) for v in self.token_nll(prompts, outputs))
     return total / max(sum(len(o) for o in outputs), 1)
 
 

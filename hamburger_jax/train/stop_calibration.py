@@ -171,7 +171,7 @@ def merge_read_right(outcomes: DraftOutcomes) -> np.ndarray:
   same[:-1] = outcomes.example[1:] == outcomes.example[:-1]
   nxt = np.ones(len(step0_right), bool)
   nxt[:-1] = step0_right[1:]
-  return np.where(same, nxt, True)
+  return nxt | ~same
 
 
 class FitReport(NamedTuple):
