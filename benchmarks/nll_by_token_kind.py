@@ -99,18 +99,16 @@ def main(argv=None):
   scorer = evaluation.BaseScorer(base_cfg, params["base"])
   fences = tok.fence_ids()
 
-  def nll(prompt, tokens):
-    return scorer.token_nll([prompt], [tokens])[0]
-
-  own = [nll(p, base.decode([p], max_new_tokens=args.max_new_tokens).tokens[0]) for p in prompts]
+  own = scorer.token_nll(prompts, [base.decode([p], max_new_tokens=args.max_new_tokens).tokens[0]
+                                   for p in prompts])
   result = {"prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
             "asset_dir": asset, "base_own_nll": float(np.concatenate(own).mean()), "rows": []}
   for conf, mtp in args.settings:
     by_kind = {k: [] for k in KINDS}
-    for p in prompts:
-      r = hamburger.decode([p], max_new_tokens=args.max_new_tokens, confidence=conf,
-                           min_token_prob=mtp, fence_ids=fences)
-      for kind, value in zip(token_kinds(r.group_sizes[0]), nll(p, r.tokens[0])):
+    answers = [hamburger.decode([p], max_new_tokens=args.max_new_tokens, confidence=conf,
+                                min_token_prob=mtp, fence_ids=fences) for p in prompts]
+    for r, values in zip(answers, scorer.token_nll(prompts, [r.tokens[0] for r in answers])):
+      for kind, value in zip(token_kinds(r.group_sizes[0]), values):
         by_kind[kind].append(float(value))
     total = sum(sum(v) for v in by_kind.values())
     count = sum(len(v) for v in by_kind.values())
