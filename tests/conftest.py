@@ -1,10 +1,9 @@
-"""Shared test setup: CPU, float32 matmuls at full precision, the repo on sys.path, and one
+"""Shared test setup: CPU, float32 matmuls at full precision, and one
 persistent XLA compilation cache for the whole run (test processes and the subprocesses they
 start compile many identical programs; the cache is made fresh per run and removed after it)."""
 
 import os
 import shutil
-import sys
 import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -14,7 +13,6 @@ _OWN_CACHE = "JAX_COMPILATION_CACHE_DIR" not in os.environ
 if _OWN_CACHE:
   os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="hamburger_jax_test_xla_")
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 

@@ -1,6 +1,7 @@
-"""Paths of the fixtures shipped in tests/fixtures."""
+"""Paths of the repository and of the fixtures shipped in tests/fixtures."""
 
 import os
 
-FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIXTURES = os.path.join(REPO, "tests", "fixtures")
 OFFICIAL_TINY = os.path.join(FIXTURES, "official_tiny")

@@ -13,8 +13,9 @@ from hamburger_jax.model.config import LlamaConfig
 from hamburger_jax.data import builder
 from hamburger_jax.data.segmentation import SegmentedExample
 from hamburger_jax.model.llama import init_llama_params
+from tests.fixture_paths import FIXTURES as FIXTURES_ROOT
 
-FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures", "data")
+FIXTURES = os.path.join(FIXTURES_ROOT, "data")
 SAMPLE_JSONL = os.path.join(FIXTURES, "sample_sft.jsonl")
 
 LLAMA3_SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",

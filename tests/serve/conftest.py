@@ -23,7 +23,7 @@ from hamburger_jax.serve.cli import ServeArgs, service_for
 from hamburger_jax.testing.fixtures import random_params, tiny_config
 from hamburger_jax.text.tokenizer import Tokenizer
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.fixture_paths import REPO
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))       # serve_load: the load client
 MODEL = "hamburger-tiny"
 CACHE_LENGTH = 64

@@ -12,7 +12,7 @@ from hamburger_jax.serve.cli import ServeArgs, service_for
 from hamburger_jax.serve.protocol import ApiError, Settings
 from hamburger_jax.serve.worker import QueueFull
 from hamburger_jax.text.tokenizer import Tokenizer
-from conftest import CACHE_LENGTH, MODEL, make_engine
+from tests.serve.conftest import CACHE_LENGTH, MODEL, make_engine
 
 
 @pytest.fixture(scope="module")

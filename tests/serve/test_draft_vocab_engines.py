@@ -7,7 +7,7 @@ from hamburger_jax.decode.sampler import Sampler
 from hamburger_jax.serve import engines
 from hamburger_jax.serve.cli import parse_args
 
-from conftest import CACHE_LENGTH, make_engine
+from tests.serve.conftest import CACHE_LENGTH, make_engine
 
 IDS = [3, 9, 17, 40, 41, 100, 200, 255]
 

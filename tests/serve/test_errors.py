@@ -17,7 +17,7 @@ from hamburger_jax.serve import app as app_module
 from hamburger_jax.serve.responses import Formatter
 from hamburger_jax.serve.service import Piece
 
-from conftest import CACHE_LENGTH, MODEL, GatedEngine, make_engine, serving
+from tests.serve.conftest import CACHE_LENGTH, MODEL, GatedEngine, make_engine, serving
 
 
 def _post(server, path, body, raw=None):

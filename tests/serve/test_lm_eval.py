@@ -10,7 +10,7 @@ import json
 import openai
 import pytest
 
-from conftest import MODEL, make_engine, run_lm_eval, serving
+from tests.serve.conftest import MODEL, make_engine, run_lm_eval, serving
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import serve_load  # pylint: disable=import-error
-from conftest import CACHE_LENGTH, MODEL, make_engine, serving
+from tests.serve.conftest import CACHE_LENGTH, MODEL, make_engine, serving
 from hamburger_jax.decode.sampler import TRACE_COUNTS
 
 CONFIDENCE = 0.6

@@ -16,7 +16,7 @@ import numpy as np
 import openai
 import pytest
 
-from conftest import CACHE_LENGTH, CHATML, MODEL, make_engine, run_lm_eval, serving
+from tests.serve.conftest import CACHE_LENGTH, CHATML, MODEL, make_engine, run_lm_eval, serving
 from hamburger_jax.decode.sampler import Sampler
 from hamburger_jax.model.llama import LlamaModel
 from hamburger_jax.model.scoring import TRACES

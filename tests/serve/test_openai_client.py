@@ -6,7 +6,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from conftest import CACHE_LENGTH, MODEL
+from tests.serve.conftest import CACHE_LENGTH, MODEL
 from hamburger_jax.decode.sampler import Sampler
 from hamburger_jax.serve.service import FINISH
 

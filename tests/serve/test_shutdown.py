@@ -11,7 +11,7 @@ import time
 import httpx2
 import pytest
 
-from conftest import MODEL, GatedEngine, free_port, make_engine, run_script, serving, \
+from tests.serve.conftest import MODEL, GatedEngine, free_port, make_engine, run_script, serving, \
     write_tokenizer
 import serve_load  # pylint: disable=import-error
 from hamburger_jax.testing.fixtures import make_tiny_checkpoint

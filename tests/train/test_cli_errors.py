@@ -1,0 +1,65 @@
+"""train.py answers unusable settings, workdirs and a full disk with one `error: ...` line on
+stderr and exit code 2 (no traceback)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "benchmarks"))
+
+import fault_injection  # noqa: E402  pylint: disable=g-import-not-at-top,import-error
+
+from tests.fixture_paths import REPO
+
+
+def _train(workdir, *args, timeout=600):
+  cmd = [sys.executable, "train.py", "--config", "configs/tiny.py", f"--workdir={workdir}", *args]
+  return subprocess.run(cmd, cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"),
+                        capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--config.foo=1"], "error: --config.foo: the config has no field 'foo'"),
+    (["--config.model.foo=1"], "error: --config.model.foo: the config has no field 'foo'"),
+    (["--config.model.vocab_size=256.0"], "error: flag --config.model.vocab_size=256.0: invalid"),
+    (["--config.seed=99999999999"], "error: seed must be in 0..2**32-1"),
+    (["--config.mesh.data=2"], "error: mesh"),
+    (["--config.data.source=tfds"], "error: data.source='tfds' needs data.name and data.data_dir"),
+    (["extra"], "error: Unexpected arguments: ['extra']"),
+])
+def test_bad_settings_are_one_line(tmp_path, args, message):
+  out = _train(tmp_path / "w", *args)
+  assert out.returncode == 2, out.stderr[-2000:]
+  assert out.stderr.strip().splitlines() == [out.stderr.strip()]       # exactly one line
+  assert out.stderr.startswith(message), out.stderr
+  assert not os.path.exists(tmp_path / "w" / "checkpoints")
+
+
+def test_workdir_that_is_a_file(tmp_path):
+  (tmp_path / "f").write_text("x")
+  out = _train(tmp_path / "f")
+  assert out.returncode == 2 and out.stderr.strip() == (
+      f"error: --workdir {tmp_path / 'f'} is a file, not a directory: pass a directory path.")
+
+
+def test_full_disk_is_one_line_and_the_run_resumes(tmp_path):
+  mnt = tmp_path / "small"
+  why = fault_injection.mount_tmpfs(str(mnt), "5m")
+  if why:
+    pytest.skip(f"cannot mount a tmpfs here: {why}")
+  try:
+    args = ["--config.num_train_steps=20", "--config.checkpoint.every_steps=2",
+            "--config.eval.every_steps=0", "--config.logging.progress_bar=False",
+            "--config.logging.tensorboard=False", "--config.checkpoint.export=False"]
+    out = _train(mnt / "w", *args)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: cannot write to {mnt / 'w'}: No space left on device. Free "
+                           "space"), last
+    saved = sorted(int(n) for n in os.listdir(mnt / "w" / "checkpoints") if n.isdigit())
+    assert saved and f"last complete checkpoint (step {saved[-1]})" in last
+  finally:
+    subprocess.run(["umount", str(mnt)], check=False)
