@@ -19,7 +19,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.num_train_steps = 10_000    # optimizer steps (each = data.batch_size rows)
 
   c.model = ml_collections.ConfigDict()
-  c.model.preset = "llama3.2-1b"     # hamburger_jax.config.PRESETS name (architecture, random init)
+  # A hamburger_jax.model.config.PRESETS name (architecture, random init).
+  c.model.preset = "llama3.2-1b"
   c.model.vocab_size = 0             # base-model overrides of the preset: 0 = keep the preset's
   c.model.hidden_size = 0            # D
   c.model.intermediate_size = 0      # MLP width

@@ -8,7 +8,7 @@ AdamW, lr 5e-5 (base) / 1e-4 (grafted), cosine to 1e-5, clip 1.0, accumulation 2
 with f32 master weights, one epoch (set num_train_steps to one pass over the data).
 
 Fits a v5e-8 slice (topology v5e:2x4, fsdp over the 8 chips), measured with the XLA TPU compiler
-ahead of time (benchmarks/tpu_plan.py, libtpu 0.0.42 on a 2-core CPU host): at the full batch
+ahead of time (benchmarks.tpu_plan, libtpu 0.0.42 on a 2-core CPU host): at the full batch
 (64 x 2048, accumulation 2) the train step needs 9.75 GiB per chip (7.49 of them temporaries) of
 15.75 GiB: 38% left; its matmuls do 4016 TFLOP per step over the 8 chips, 1.33x the model FLOPs
 (6 x params x tokens + attention). Compiling it took 422 CPU-seconds (1364 s wall on the shared

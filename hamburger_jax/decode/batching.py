@@ -30,6 +30,7 @@ import numpy as np
 from hamburger_jax.decode import loop as lp
 from hamburger_jax.decode import slots
 from hamburger_jax.decode import state as ds
+from hamburger_jax.decode.compile_cache import Executables, next_pow2
 from hamburger_jax.decode.models import decode_model, prompt_scorer
 from hamburger_jax.decode.prompts import check_seed
 from hamburger_jax.decode.sampler import (DecodeInputError, check_confidence, check_ids,
@@ -101,9 +102,9 @@ class ContinuousBatcher:
   cache_length: KV slots per row (prompt + one per macro step); eos_ids: empty = the model
   config's. micro_policy: "all" (each request decodes exactly as alone), "min_rows:K" or
   "fraction:F" (see `state.MicroPolicy`). compact_micro_steps: micro steps run on the rows
-  that continue, gathered into a smaller row bucket (`loop.micro_buckets`; None: on from
-  `loop.COMPACT_FROM` slots on CPU). skip_unmerged: a forward with no merged input
-  skips the embedder's merge and the merge adapter (`loop.skips_unmerged`; None: on CPU).
+  that continue, gathered into a smaller row bucket (`compaction.micro_buckets`; None: on from
+  `compaction.COMPACT_FROM` slots on CPU). skip_unmerged: a forward with no merged input
+  skips the embedder's merge and the merge adapter (`compaction.skips_unmerged`; None: on CPU).
   Prefill lengths are padded to power-of-two buckets of at least `min_prompt_bucket`.
   draft_vocab: token ids [K] that drafts choose from (`decode/draft_vocab.py`); None: all.
   """
@@ -129,9 +130,9 @@ class ContinuousBatcher:
     self.max_prompt_len = cache_length
     # The state is donated: admitting a row or running a chunk updates the KV buffers in place
     # (a copy of every slot's buffers per call otherwise, on CPU too).
-    self.executables = lp.Executables(self.engine, {"admit": slots.admit,
-                                                    "chunk": slots.run_chunk},
-                                      {"admit": (2,), "chunk": (2,)})
+    self.executables = Executables(self.engine, {"admit": slots.admit,
+                                                 "chunk": slots.run_chunk},
+                                   {"admit": (2,), "chunk": (2,)})
     self.state = slots.empty_state(self.engine, num_slots, parse_policy(micro_policy))
     self._slots: list[_Running | None] = [None] * num_slots
     self._queue: collections.deque[tuple[int, Request]] = collections.deque()
@@ -220,7 +221,7 @@ class ContinuousBatcher:
 
   def prompt_bucket(self, prompt_len: int) -> int:
     """The prefill length of a prompt of this many tokens (one admission compile per bucket)."""
-    return min(lp.next_pow2(prompt_len - 1, self.min_prompt_bucket), self.engine.cache_length)
+    return min(next_pow2(prompt_len - 1, self.min_prompt_bucket), self.engine.cache_length)
 
   def _collect(self, slot: int, view: dict) -> Event:
     """The event of the request in `slot` from the chunk's host view; frees finished slots."""

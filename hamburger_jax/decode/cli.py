@@ -1,6 +1,7 @@
 """The library side of `decode.py`: load a checkpoint, read prompts, decode, print text or JSON.
 
-Importable from a notebook:
+Flags -> DecodeArgs -> `open_checkpoint` -> Sampler -> printed text or JSON. Importable from a
+notebook:
     from hamburger_jax.decode.cli import DecodeArgs, run
     run(DecodeArgs(ckpt="/tmp/tiny_ckpt", prompt="1,5,7", token_ids=True, json=True))
 
@@ -12,27 +13,20 @@ token ids, missing tokenizer or checkpoint).
 from __future__ import annotations
 
 import dataclasses
-import json as jsonlib
-import math
-import os
 import sys
 from typing import Sequence, TextIO
 
-from hamburger_jax.convert import CheckpointError, load_model
-from hamburger_jax.decode import draft_vocab as draft_vocab_lib
-from hamburger_jax.decode.evaluation import agreement
-from hamburger_jax.decode.render import Printer, stream_one, summary
+from hamburger_jax.convert import CheckpointError
 from hamburger_jax.decode import prompts as prompts_lib
-from hamburger_jax.decode import state as ds
+from hamburger_jax.decode.checkpoint import (Decodable, check_checkpoint, open_checkpoint,
+                                             resolve_knobs)
+from hamburger_jax.decode.evaluation import base_comparison
+from hamburger_jax.decode.memory import check_buffer_memory
+from hamburger_jax.decode.prompts import UsageError
+from hamburger_jax.decode.render import Printer, print_comparison, print_json, stream_one, summary
 from hamburger_jax.decode.sampler import DecodeInputError, Sampler
-from hamburger_jax.decode.state import DecodeResult
-from hamburger_jax.model.config import HamburgerConfig
 from hamburger_jax.testing.fixtures import make_tiny_checkpoint
-from hamburger_jax.text.tokenizer import Tokenizer, TokenizerError
-
-
-class UsageError(ValueError):
-  """A bad command line (the message says what to change)."""
+from hamburger_jax.text.tokenizer import TokenizerError
 
 
 MAX_NEW_TOKENS = 1 << 20        # also the largest --cache_length
@@ -144,146 +138,39 @@ def run(a: DecodeArgs, stdout: TextIO | None = None, stderr: TextIO | None = Non
     return 2
 
 
-SHIPPED = "smollm2"   # --ckpt name of the shipped HAMburger-SmolLM2 (hamburger_jax/assets)
-DEFAULT_KNOBS = {"confidence": 0.8, "min_token_prob": 0.0}   # when the checkpoint recommends none
+def _open(a: DecodeArgs) -> Decodable:
+  """open_checkpoint with decode.py's flags (--chat off = the checkpoint's own choice)."""
+  return open_checkpoint(a.ckpt, base_config=a.base_config, tokenizer=a.tokenizer, base=a.base,
+                         token_ids=a.token_ids, draft_vocab=a.draft_vocab,
+                         code_fences=a.code_fences, chat=a.chat or None, system=a.system)
 
 
-def resolve_knobs(given: dict, recommended: dict) -> dict:
-  """{confidence, min_token_prob}: the given values, else the checkpoint's recommended ones, else
-  DEFAULT_KNOBS (None = not given)."""
-  return {name: given[name] if given.get(name) is not None else recommended.get(name, value)
-          for name, value in DEFAULT_KNOBS.items()}
-
-
-def with_default_knobs(a, recommended: dict):
-  """`a` (DecodeArgs or ServeArgs) with its unset confidence / min_token_prob filled in."""
-  return dataclasses.replace(a, **resolve_knobs(vars(a), recommended))
-
-
-def resolve_args(a: DecodeArgs) -> DecodeArgs:
-  """Checks that the checkpoint exists; the shipped model implies its chat template, tokenizer and
-  recommended knobs (its manifest's `decode_defaults`)."""
-  if a.ckpt != SHIPPED:
-    if not os.path.exists(a.ckpt):
-      raise CheckpointError(f"No such checkpoint: {a.ckpt} (pass an export dir, an HF Llama dir, "
-                            "an original HAMburger checkpoint, or 'smollm2').")
-    return with_default_knobs(a, {})
-  from hamburger_jax.recipes import smollm2
-  a = dataclasses.replace(a, chat=True, system=a.system or smollm2.SYSTEM_PROMPT,
-                          tokenizer=a.tokenizer or smollm2.cached_tokenizer_dir())
-  return with_default_knobs(a, smollm2.decode_defaults())
-
-
-def load_checkpoint(a: DecodeArgs):
-  """-> (config, params, base_only) from any supported checkpoint."""
-  try:
-    if a.ckpt == SHIPPED:
-      from hamburger_jax.recipes import smollm2
-      cfg, params, _, _ = smollm2.load_shipped()
-      return cfg, params, a.base
-    kind, cfg, params = load_model(a.ckpt, base_config=a.base_config)
-  except (FileNotFoundError, ValueError) as e:
-    if isinstance(e, CheckpointError):
-      raise
-    raise CheckpointError(str(e)) from e
-  return cfg, params, a.base or kind == "llama"
-
-
-def load_draft_vocab(a, cfg):
-  """The token ids HAMburger's drafts choose from (`decode/draft_vocab.py`), or None for all.
-
-  a.draft_vocab (DecodeArgs or ServeArgs): "full" = the whole vocabulary; a path = that file;
-  None = the checkpoint's own `draft_vocab.json` (the shipped model's: see its manifest) if it
-  has one, else the whole vocabulary.
-  """
-  if not isinstance(cfg, HamburgerConfig):
-    return None
-  ckpt_dir = a.ckpt
-  if a.ckpt == SHIPPED:
-    from hamburger_jax.recipes import smollm2  # pylint: disable=g-import-not-at-top
-    ckpt_dir = smollm2.ASSET_DIR
-  try:
-    return draft_vocab_lib.resolve(a.draft_vocab, ckpt_dir, cfg.base.vocab_size)
-  except draft_vocab_lib.DraftVocabError as e:
-    raise UsageError(f"--draft_vocab: {e}") from None
-
-
-def code_fence_ids(a, tokenizer: Tokenizer | None, base_only: bool) -> tuple[int, ...]:
-  """The fence ids HAMburger decodes with (`DecodeKnobs.fence_ids`): the tokenizer's tokens that
-  hold ``` when a.code_fences (DecodeArgs or ServeArgs), else none."""
-  if not a.code_fences or tokenizer is None or base_only:
-    return ()
-  ids = tuple(tokenizer.fence_ids())
-  if len(ids) > ds.MAX_FENCE:
-    raise UsageError(f"The tokenizer has {len(ids)} code-fence tokens, more than the "
-                     f"{ds.MAX_FENCE} supported: turn code fences off (decode.py "
-                     "--nocode_fences, the server --no-code_fences).")
-  return ids
-
-
-def load_tokenizer(a: DecodeArgs) -> Tokenizer | None:
-  """The tokenizer of --tokenizer or beside --ckpt (None with --token_ids)."""
-  if a.token_ids:
-    return None
-  tok_path = a.tokenizer or (a.ckpt if os.path.isdir(a.ckpt) else os.path.dirname(a.ckpt))
-  if not a.tokenizer and not os.path.isfile(os.path.join(tok_path, "tokenizer.json")):
-    raise UsageError("No tokenizer: pass --tokenizer PATH/tokenizer.json, or --token_ids to give "
-                     "prompts as comma-separated ids.")
-  return Tokenizer(tok_path)
-
-
-def _encode(a: DecodeArgs, lines: Sequence[str], tokenizer: Tokenizer | None) -> list[list[int]]:
+def encode(lines: Sequence[str], tokenizer, chat: bool = False,
+           system: str | None = None) -> list[list[int]]:
+  """Prompt lines -> token ids (comma-separated ids when tokenizer is None)."""
   if tokenizer is None:
     return [parse_token_ids(line, i) for i, line in enumerate(lines)]
-  return [tokenizer.encode(line, chat=a.chat, system=a.system) for line in lines]
+  return [tokenizer.encode(line, chat=chat, system=system) for line in lines]
 
 
-def _samplers(a: DecodeArgs, cfg, params, base_only: bool, prompts, tokenizer):
+def _samplers(a: DecodeArgs, d: Decodable, prompts):
   """-> (sampler, base sampler for --compare_base or None, knobs)."""
-  llama = cfg.base if isinstance(cfg, HamburgerConfig) else cfg
-  eos = sorted(set(list(llama.eos_token_ids) + (tokenizer.stop_ids(a.chat) if tokenizer else [])))
   longest = max(len(p) for p in prompts)
   cache_length = a.cache_length or -(-(longest + a.max_new_tokens) // 64) * 64
   out_length = -(-a.max_new_tokens // 64) * 64
-  check_buffer_memory(llama, len(prompts), cache_length)
-  sampler = Sampler(cfg, params, base=base_only, cache_length=cache_length,
-                    out_length=out_length, eos_ids=eos,
-                    draft_vocab=None if base_only else load_draft_vocab(a, cfg))
+  check_buffer_memory(d.llama, len(prompts), cache_length)
+  sampler = Sampler(d.config, d.params, base=d.base_only, cache_length=cache_length,
+                    out_length=out_length, eos_ids=d.eos_ids, draft_vocab=d.draft_vocab)
   sampler.check_prompts(prompts)
-  knobs = dict(max_new_tokens=a.max_new_tokens, confidence=a.confidence,
-               min_token_prob=a.min_token_prob,
-               temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, seed=a.seed,
-               max_group=(a.max_group or None) if not base_only else None,
-               fence_ids=code_fence_ids(a, tokenizer, base_only))
+  knobs = dict(max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_k=a.top_k,
+               top_p=a.top_p, seed=a.seed,
+               max_group=(a.max_group or None) if not d.base_only else None,
+               fence_ids=d.fence_ids, **resolve_knobs(vars(a), d.knob_defaults))
   base = None
-  if a.compare_base and not base_only:
-    base = Sampler(cfg, params, base=True, cache_length=cache_length, out_length=out_length,
-                   eos_ids=eos)
+  if a.compare_base and not d.base_only:
+    base = Sampler(d.config, d.params, base=True, cache_length=cache_length,
+                   out_length=out_length, eos_ids=d.eos_ids)
   return sampler, base, knobs
-
-
-def check_buffer_memory(llama, rows: int, cache_length: int, available: int | None = None) -> None:
-  """UsageError when the KV buffers alone would not fit in the device's memory."""
-  per_slot = (2 * llama.num_layers * llama.num_kv_heads * llama.head_dim   # K and V
-              * llama.jnp_dtype.dtype.itemsize)
-  need = (1 << (max(rows, 1) - 1).bit_length()) * cache_length * per_slot
-  available = available or _device_memory()
-  if available and need > 0.8 * available:
-    raise UsageError(f"A KV buffer of {cache_length} slots x {rows} prompts needs "
-                     f"{need / 2**30:.1f} GiB but the device has {available / 2**30:.1f} GiB: "
-                     "lower --max_new_tokens (or --cache_length).")
-
-
-def _device_memory() -> int | None:
-  """Bytes the default device can hold: its memory limit, or the host's RAM on CPU."""
-  import jax  # pylint: disable=g-import-not-at-top
-  stats = getattr(jax.devices()[0], "memory_stats", lambda: None)() or {}
-  if stats.get("bytes_limit"):
-    return int(stats["bytes_limit"])
-  try:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-  except (ValueError, OSError, AttributeError):
-    return None
 
 
 def _decode(a: DecodeArgs, sampler, base_sampler, knobs, prompts, printer, stdout):
@@ -305,63 +192,29 @@ def _decode(a: DecodeArgs, sampler, base_sampler, knobs, prompts, printer, stdou
   return result, base_result
 
 
-def _print_json(prompts, result: DecodeResult, stats: dict, tokenizer, stdout) -> None:
-  rows = []
-  for i, prompt in enumerate(prompts):
-    row = {"prompt_ids": prompt, "tokens": result.tokens[i], "groups": result.groups(i),
-           "finish_reason": result.finish_reasons[i],
-           "probs": [round(math.exp(x), 6) for x in result.logprobs[i]]}
-    if tokenizer is not None:
-      row["text"] = tokenizer.decode(result.tokens[i])
-    rows.append(row)
-  jsonlib.dump({"outputs": rows, "stats": stats}, stdout)
-  stdout.write("\n")
-
-
-def _print_comparison(b: dict, base_result: DecodeResult, tokenizer, single: bool, stdout,
-                      stderr) -> None:
-  if tokenizer is not None and single:
-    print(f"--- base model alone:\n{tokenizer.decode(base_result.tokens[0])}", file=stdout)
-  print(f"base model alone: {b['decode_tokens_per_s']:.1f} tokens/s; HAMburger/base speed "
-        f"{b['speed_ratio']:.2f}x; KV entries {b['kv_slots_hamburger']} vs {b['kv_slots']}; "
-        f"token agreement with the base {b['token_agreement']:.2f}", file=stderr)
-
-
 def _run(a: DecodeArgs, stdout: TextIO, stderr: TextIO, stdin: TextIO) -> int:
   check_args(a)
   if a.make_tiny_checkpoint:
     make_tiny_checkpoint(a.make_tiny_checkpoint, a.seed)
     print(a.make_tiny_checkpoint, file=stdout)
     return 0
-  a = resolve_args(a)
+  check_checkpoint(a.ckpt)
   lines = read_prompt_lines(a, stdin)
-  tokenizer = load_tokenizer(a)
-  cfg, params, base_only = load_checkpoint(a)
-  prompts = _encode(a, lines, tokenizer)
-  sampler, base_sampler, knobs = _samplers(a, cfg, params, base_only, prompts, tokenizer)
-  printer = Printer(tokenizer, a.show_groups, a.show_groups and not a.json and stdout.isatty())
+  d = _open(a)
+  prompts = encode(lines, d.tokenizer, d.chat, d.system)
+  sampler, base_sampler, knobs = _samplers(a, d, prompts)
+  printer = Printer(d.tokenizer, a.show_groups, a.show_groups and not a.json and stdout.isatty())
   result, base_result = _decode(a, sampler, base_sampler, knobs, prompts, printer, stdout)
-  stats = dict(result.stats(), mode="base" if base_only else "hamburger")
+  stats = dict(result.stats(), mode="base" if d.base_only else "hamburger")
   if base_result is not None:
-    stats["base"] = _comparison(result, base_result)
+    stats["base"] = base_comparison(result, base_result)
   if a.json:
-    _print_json(prompts, result, stats, tokenizer, stdout)
+    print_json(prompts, result, stats, d.tokenizer, stdout)
     return 0
   print(summary(stats), file=stderr)
   if base_result is not None:
-    _print_comparison(stats["base"], base_result, tokenizer, len(prompts) == 1, stdout, stderr)
+    print_comparison(stats["base"], base_result, d.tokenizer, len(prompts) == 1, stdout, stderr)
   return 0
-
-
-def _comparison(result: DecodeResult, base: DecodeResult) -> dict:
-  """Stats of the base-only run beside HAMburger's (same prompts, same process)."""
-  ours, theirs = result.stats(), base.stats()
-  agree = [agreement(r, q)[0] for r, q in zip(result.tokens, base.tokens)]
-  lengths = [max(len(r), len(q)) for r, q in zip(result.tokens, base.tokens)]
-  return {"new_tokens": theirs["new_tokens"], "decode_tokens_per_s": theirs["decode_tokens_per_s"],
-          "speed_ratio": ours["decode_tokens_per_s"] / max(theirs["decode_tokens_per_s"], 1e-9),
-          "kv_slots": theirs["kv_slots_used"], "kv_slots_hamburger": ours["kv_slots_used"],
-          "token_agreement": sum(a * n for a, n in zip(agree, lengths)) / max(sum(lengths), 1)}
 
 
 # --- absl flags (used by decode.py) -------------------------------------------------------------

@@ -1,15 +1,17 @@
 """Speed and quality of HAMburger decoding against its own base model, measured in one run.
 
-For each confidence (and each min_token_prob, the decode-time trust threshold): tokens per macro step, KV entries per generated token, decode tokens/s
-(ratio to the base), agreement with the base's greedy output (token level and exact match),
-the base model's mean negative log-likelihood of the generated text (HAMburger's vs the base's
-own), and, for code prompts, the fraction of answers whose Python code parses and the fraction
-that define the function the prompt names (`name(...)` in the prompt -> `def name(` in the answer).
+For each confidence (and each min_token_prob, the decode-time trust threshold): tokens per macro
+step, KV entries per generated token, decode tokens/s (ratio to the base), agreement with the
+base's greedy output (token level and exact match), the base model's mean negative
+log-likelihood of the generated text (HAMburger's vs the base's own), and, for code prompts, the
+fraction of answers whose Python code parses and the fraction that define the function the
+prompt names (`name(...)` in the prompt -> `def name(` in the answer).
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from typing import Callable, NamedTuple, Sequence
 
@@ -17,6 +19,7 @@ import jax
 import numpy as np
 
 from hamburger_jax.decode.sampler import Sampler
+from hamburger_jax.decode.state import DecodeResult
 from hamburger_jax.model.scoring import Scorer
 
 _CODE_BLOCK = re.compile(r"```(?:python|py)?\n(.*?)(?:```|$)", re.S)
@@ -49,6 +52,18 @@ def agreement(a: Sequence[int], b: Sequence[int]) -> tuple[float, bool]:
   n = max(len(a), len(b), 1)
   same = sum(int(x == y) for x, y in zip(a, b))
   return same / n, list(a) == list(b)
+
+
+def base_comparison(result: DecodeResult, base: DecodeResult) -> dict:
+  """Stats of a base-only run beside HAMburger's (same prompts, same process): the base's new
+  tokens and tokens/s, the speed ratio, KV entries of each, token agreement weighted by length."""
+  ours, theirs = result.stats(), base.stats()
+  agree = [agreement(r, q)[0] for r, q in zip(result.tokens, base.tokens)]
+  lengths = [max(len(r), len(q)) for r, q in zip(result.tokens, base.tokens)]
+  return {"new_tokens": theirs["new_tokens"], "decode_tokens_per_s": theirs["decode_tokens_per_s"],
+          "speed_ratio": ours["decode_tokens_per_s"] / max(theirs["decode_tokens_per_s"], 1e-9),
+          "kv_slots": theirs["kv_slots_used"], "kv_slots_hamburger": ours["kv_slots_used"],
+          "token_agreement": sum(a * n for a, n in zip(agree, lengths)) / max(sum(lengths), 1)}
 
 
 class BaseScorer:
@@ -96,42 +111,14 @@ def measure(hamburger: Sampler, base: Sampler, scorer: BaseScorer, prompts: Sequ
     raise ValueError(f"batch_size must be >= 1 or None (all prompts at once), got {batch_size}.")
   size = batch_size or len(prompts)
   chunks = [list(prompts[i:i + size]) for i in range(0, len(prompts), size)]
-
-  def run_all(pairs, n) -> list[_Run]:
-    """Decodes every chunk with each (sampler, knobs) in turn: chunk by chunk, interleaved."""
-    runs = [[] for _ in pairs]
-    for c in chunks:
-      for out, (sampler, kw) in zip(runs, pairs):
-        out.append(sampler.decode(c, max_new_tokens=n, **kw))
-    return [_Run([t for r in rs for t in r.tokens], [m for r in rs for m in r.macro_steps],
-                 sum(r.decode_s for r in rs)) for rs in runs]
-
-  def timed(*pairs) -> list[_Run]:
-    run_all(pairs, 1)                    # compile every bucket (max_new_tokens is traced)
-    best = [None] * len(pairs)
-    for _ in range(repeats):
-      best = [r if b is None or r.decode_s < b.decode_s else b
-              for r, b in zip(run_all(pairs, max_new_tokens), best)]
-    return best
-
+  timed = lambda *pairs: _timed(chunks, pairs, max_new_tokens, repeats)
   (base_run,) = timed((base, {}))
   base_tokens = sum(len(t) for t in base_run.tokens)
   base_tps = base_tokens / base_run.decode_s
-  code_prompt = code_prompt or [False] * len(prompts)
-
-  def quality(run) -> dict:
-    agree = [agreement(h, b) for h, b in zip(run.tokens, base_run.tokens)]
-    out = {"token_agreement": float(np.mean([a for a, _ in agree])),
-           "exact_match": float(np.mean([e for _, e in agree])),
-           "base_nll": scorer.mean_nll(prompts, run.tokens)}
-    if decode_text is not None and any(code_prompt):
-      texts = [decode_text(t) for t, c in zip(run.tokens, code_prompt) if c]
-      out["code_parses"] = float(np.mean([code_parses(t) for t in texts]))
-    named = [(t, n) for t, n in zip(run.tokens, required_names or []) if n]
-    if decode_text is not None and named:
-      out["names_kept"] = float(np.mean([keeps_name(decode_text(t), n) for t, n in named]))
-    return out
-
+  quality = functools.partial(_quality, base_run=base_run, scorer=scorer, prompts=prompts,
+                              decode_text=decode_text,
+                              code_prompt=code_prompt or [False] * len(prompts),
+                              required_names=required_names)
   rows = [{"model": "base", "confidence": None, "min_token_prob": None, "tokens": base_tokens,
            "tokens_per_step": 1.0, "kv_per_token": 1.0, "tokens_per_s": base_tps,
            "speedup": 1.0, **quality(base_run)}]
@@ -153,6 +140,42 @@ def measure(hamburger: Sampler, base: Sampler, scorer: BaseScorer, prompts: Sequ
   return {"prompts": len(prompts), "max_new_tokens": max_new_tokens, "batch_size": size,
           "fence_ids": list(fence_ids), "rows": rows,
           "device": jax.devices()[0].device_kind, "backend": jax.default_backend()}
+
+
+def _run_all(chunks, pairs, n) -> list[_Run]:
+  """Decodes every chunk with each (sampler, knobs) in turn: chunk by chunk, interleaved."""
+  runs = [[] for _ in pairs]
+  for c in chunks:
+    for out, (sampler, kw) in zip(runs, pairs):
+      out.append(sampler.decode(c, max_new_tokens=n, **kw))
+  return [_Run([t for r in rs for t in r.tokens], [m for r in rs for m in r.macro_steps],
+               sum(r.decode_s for r in rs)) for rs in runs]
+
+
+def _timed(chunks, pairs, max_new_tokens: int, repeats: int) -> list[_Run]:
+  """The fastest of `repeats` runs of each pair, after one compiling run."""
+  _run_all(chunks, pairs, 1)             # compile every bucket (max_new_tokens is traced)
+  best = [None] * len(pairs)
+  for _ in range(repeats):
+    best = [r if b is None or r.decode_s < b.decode_s else b
+            for r, b in zip(_run_all(chunks, pairs, max_new_tokens), best)]
+  return best
+
+
+def _quality(run: _Run, *, base_run: _Run, scorer: BaseScorer, prompts, decode_text, code_prompt,
+             required_names) -> dict:
+  """Agreement with the base's run, the base's NLL of the outputs, and the code checks."""
+  agree = [agreement(h, b) for h, b in zip(run.tokens, base_run.tokens)]
+  out = {"token_agreement": float(np.mean([a for a, _ in agree])),
+         "exact_match": float(np.mean([e for _, e in agree])),
+         "base_nll": scorer.mean_nll(prompts, run.tokens)}
+  if decode_text is not None and any(code_prompt):
+    texts = [decode_text(t) for t, c in zip(run.tokens, code_prompt) if c]
+    out["code_parses"] = float(np.mean([code_parses(t) for t in texts]))
+  named = [(t, n) for t, n in zip(run.tokens, required_names or []) if n]
+  if decode_text is not None and named:
+    out["names_kept"] = float(np.mean([keeps_name(decode_text(t), n) for t, n in named]))
+  return out
 
 
 def format_table(result: dict) -> str:

@@ -6,6 +6,7 @@
     (forward(.., skip_unmerged=True): no merge work when no input is merged)
     logits, stop = model.heads(params, hidden [B, D])             # [B, V], [B] float32
     logits, stop, rest = model.draft_heads(params, hidden [B, D])  # [B, K] over the draft ids
+    stop = model.stop_logits(params, hidden [B, D])               # [B] (HAMburger only)
     micro = model.micro_prefill(params, features [B, F, D])       # fresh micro KV cache
     out, micro = model.micro_step(params, prev_tokens [B], j, micro)   # j >= 1, out [B, D]
 
@@ -62,6 +63,10 @@ class HamburgerDecodeModel:
 
   def heads(self, params, hidden):
     return self._apply(params, hidden, decoding=True, method=HamburgerModel.heads)
+
+  def stop_logits(self, params, hidden):
+    """hidden [B, D] -> the stop head's logits [B] float32 (no LM head)."""
+    return self._apply(params, hidden, method=HamburgerModel.stop)
 
   def draft_heads(self, params, hidden):
     """hidden [B, D] -> (logits [B, K] over params["draft"]["ids"], stop [B], rest [B, R]).

@@ -22,6 +22,10 @@ class DecodeInputError(ValueError):
   """Unusable decode input (empty prompt, unknown token id, too long, bad knob); says which."""
 
 
+class UsageError(ValueError):
+  """A bad command line or loader argument (the message says what to change)."""
+
+
 def token_ids(prompt, index: int) -> list[int]:
   """Prompt `index` as a list of ints; DecodeInputError naming the first bad element."""
   if isinstance(prompt, (str, bytes)):

@@ -1,8 +1,9 @@
-"""How decode.py shows results: groups marked [..] or colored by probability, streamed text, and
-the one-line statistics summary."""
+"""How decode.py shows results: groups marked [..] or colored by probability, streamed text, the
+one-line statistics summary, JSON output and the comparison with the base model alone."""
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Callable, Sequence, TextIO
 
@@ -90,3 +91,30 @@ def summary(stats: dict) -> str:
           f"decode {stats['decode_tokens_per_s']:.1f} tokens/s; "
           f"compile {stats['compile_s']:.1f} s; "
           f"finish {','.join(stats['finish_reasons'])}")
+
+
+def print_json(prompts, result: DecodeResult, stats: dict, tokenizer: Tokenizer | None,
+               out: TextIO) -> None:
+  """{"outputs": one row per prompt (ids, tokens, groups, finish reason, probabilities, text),
+  "stats": stats} as one JSON line."""
+  rows = []
+  for i, prompt in enumerate(prompts):
+    row = {"prompt_ids": prompt, "tokens": result.tokens[i], "groups": result.groups(i),
+           "finish_reason": result.finish_reasons[i],
+           "probs": [round(math.exp(x), 6) for x in result.logprobs[i]]}
+    if tokenizer is not None:
+      row["text"] = tokenizer.decode(result.tokens[i])
+    rows.append(row)
+  json.dump({"outputs": rows, "stats": stats}, out)
+  out.write("\n")
+
+
+def print_comparison(b: dict, base_result: DecodeResult, tokenizer: Tokenizer | None, single: bool,
+                     out: TextIO, err: TextIO) -> None:
+  """The base model's text (one prompt, with a tokenizer) on `out`; the ratios of
+  `evaluation.base_comparison` (b) on `err`."""
+  if tokenizer is not None and single:
+    print(f"--- base model alone:\n{tokenizer.decode(base_result.tokens[0])}", file=out)
+  print(f"base model alone: {b['decode_tokens_per_s']:.1f} tokens/s; HAMburger/base speed "
+        f"{b['speed_ratio']:.2f}x; KV entries {b['kv_slots_hamburger']} vs {b['kv_slots']}; "
+        f"token agreement with the base {b['token_agreement']:.2f}", file=err)

@@ -22,6 +22,7 @@ import numpy as np
 from hamburger_jax.decode import loop as lp
 from hamburger_jax.decode import prompts as prompts_lib
 from hamburger_jax.decode import state as ds
+from hamburger_jax.decode.compile_cache import Executables, next_pow2
 from hamburger_jax.decode.prompts import DecodeInputError
 from hamburger_jax.decode.loop import TRACE_COUNTS, continue_probability  # noqa: F401
 from hamburger_jax.decode.models import decode_model
@@ -39,28 +40,36 @@ class Sampler:
   to power-of-two buckets (prefill at least `min_prompt_bucket`, at most L). Compiled functions
   are kept per sampler. The loop donates its state (KV buffers updated in place, not copied).
   compact_micro_steps: the micro prefill and micro steps run on the rows that continue their
-  group, gathered into a smaller row bucket (`loop.micro_buckets`; the same numbers per row).
-  None (default): on CPU, on for batches of `loop.COMPACT_FROM` (8) rows or more.
+  group, gathered into a smaller row bucket (`compaction.micro_buckets`; the same numbers per
+  row). None (default): on CPU, on for batches of `compaction.COMPACT_FROM` (8) rows or more.
   skip_unmerged: a forward with no merged input skips the embedder's merge and the merge
-  adapter (the same numbers; `loop.skips_unmerged`, None: on CPU).
+  adapter (the same numbers; `compaction.skips_unmerged`, None: on CPU).
   draft_vocab: token ids [K] that drafts choose from (`decode/draft_vocab.py`); None: all.
+  verify: verified decoding (`decode/verify.py`): the base checks the micro decoder's drafts in
+  its next forward, so the answer is the base's own (greedy: token for token). A HAMburger model
+  only; the KV buffer gets S - 1 spare slots (a forward writes S) so it holds as many tokens.
   """
 
   def __init__(self, cfg, params, *, base: bool = False, cache_length: int = 1024,
                out_length: int | None = None, eos_ids: Sequence[int] | None = None,
                min_prompt_bucket: int = 16, donate: bool = True,
                compact_micro_steps: bool | None = None,
-               skip_unmerged: bool | None = None, draft_vocab=None):
+               skip_unmerged: bool | None = None, draft_vocab=None, verify: bool = False):
     model, params = decode_model(cfg, params, base, draft_vocab)
     if cache_length < 1:
       raise DecodeInputError(f"cache_length must be >= 1, got {cache_length}.")
-    self.engine = lp.DecodeEngine(model, cache_length, out_length or cache_length,
-                                  compact_micro_steps, skip_unmerged)
+    if verify and model.max_steps == 1:
+      raise DecodeInputError("Verified decoding needs a HAMburger model with micro steps; the "
+                             "base alone has no drafts to verify (drop --base or --verify).")
+    spare = model.max_steps - 1 if verify else 0
+    self.engine = lp.DecodeEngine(model, cache_length + spare, out_length or cache_length,
+                                  compact_micro_steps, skip_unmerged, verify)
+    self.max_prompt_len = cache_length
     llama = model.llama
     self.eos_ids = llama.eos_token_ids if eos_ids is None else tuple(int(e) for e in eos_ids)
     self.params = jax.device_put(params)
     self.min_prompt_bucket = min_prompt_bucket
-    self.executables = lp.Executables(
+    self.executables = Executables(
         self.engine, {"prefill": lp.prefill, "loop": lp.loop, "forward": lp.one_forward},
         {"loop": (2,)} if donate else {})
     self.compile_s = 0.0        # compile time spent by the latest decode call
@@ -74,7 +83,7 @@ class Sampler:
   def check_prompts(self, prompts: Sequence[Sequence[int]]) -> list[list[int]]:
     if len(prompts) == 0:
       raise DecodeInputError("No prompts given.")
-    return [check_prompt(p, i, self.vocab_size, self.engine.cache_length)
+    return [check_prompt(p, i, self.vocab_size, self.max_prompt_len)
             for i, p in enumerate(prompts)]
 
   def make_knobs(self, rows: int, max_new_tokens: int, confidence: float = 0.8,
@@ -103,14 +112,14 @@ class Sampler:
 
   def pad_prompts(self, prompts: list[list[int]]):
     """-> prefix [Bb, P], last [Bb], lengths [Bb], padding-row flags [Bb] (numpy)."""
-    b = lp.next_pow2(len(prompts))
+    b = next_pow2(len(prompts))
     prefix, last, lengths = pad_prefixes(prompts, b, self.prompt_bucket(prompts))
     return prefix, last, lengths, np.arange(b) >= len(prompts)
 
   def prompt_bucket(self, prompts) -> int:
     """The prefill length P for these prompts (their longest prefix, bucketed)."""
     longest = max(len(p) for p in prompts) - 1
-    return min(lp.next_pow2(longest, self.min_prompt_bucket), self.engine.cache_length)
+    return min(next_pow2(longest, self.min_prompt_bucket), self.max_prompt_len)
 
   # -- decoding --
 
@@ -151,7 +160,7 @@ class Sampler:
     if alone). One host sync after prefill (for its timing) and one at the end."""
     state, rows, prefill_s, timer = self._timed_start(prompts, max_new_tokens=max_new_tokens,
                                                       seed=seed, **knob_kwargs)
-    host = lp.to_host(self.run(state))
+    host = ds.to_host(self.run(state))
     return DecodeResult.from_state(host, rows, compile_s=self.compile_s, prefill_s=prefill_s,
                                    decode_s=timer.decode())
 
@@ -163,7 +172,7 @@ class Sampler:
                                                       seed=seed, **knob_kwargs)
     while True:
       state = self.run(state, int(state.iteration) + chunk_steps)
-      host = lp.to_host(state)
+      host = ds.to_host(state)
       yield DecodeResult.from_state(host, rows, compile_s=self.compile_s, prefill_s=prefill_s,
                                     decode_s=timer.decode())
       if host.done.all():

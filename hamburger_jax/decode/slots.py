@@ -19,6 +19,7 @@ import jax.numpy as jnp
 
 from hamburger_jax.decode import loop as lp
 from hamburger_jax.decode import state as ds
+from hamburger_jax.decode import verify
 from hamburger_jax.decode.sampling import SamplingParams
 from hamburger_jax.model.attention import init_cache
 
@@ -31,8 +32,9 @@ def empty_state(engine: lp.DecodeEngine, num_slots: int, policy: ds.MicroPolicy)
   knobs = ds.DecodeKnobs.make(num_slots, confidence=1.0, min_token_prob=0.0, max_new_tokens=1,
                               max_group=1, eos_ids=(), sampling=SamplingParams.greedy())
   keys = jnp.zeros((num_slots, 2), jnp.uint32)
-  return ds.init_state(cache, rows * 0, rows, jnp.ones((num_slots,), bool), keys, knobs, policy,
-                       engine.max_steps, engine.out_length)
+  state = ds.init_state(cache, rows * 0, rows, jnp.ones((num_slots,), bool), keys, knobs, policy,
+                        engine.max_steps, engine.out_length)
+  return verify.init_extras(state, llama.hidden_size) if engine.verify else state
 
 
 def admit(engine: lp.DecodeEngine, params, state: ds.DecodeState, slot, prefix, last, length,

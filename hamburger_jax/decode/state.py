@@ -117,6 +117,10 @@ class DecodeState:
   out_start: jax.Array       # [B] i32: num_out at out_tokens[:, 0] (0 unless streamed in chunks)
   knobs: DecodeKnobs         # traced per-row runtime settings
   micro_policy: MicroPolicy  # traced batch-wide micro-step policy
+  # Verified decoding only (`decode/verify.py`), None otherwise: the micro outputs of the pending
+  # drafts [B, S, D] f32, and per draft index the drafts reached / accepted so far [B, 2, S].
+  draft_hidden: Any = None
+  draft_counts: Any = None
 
 
 def init_state(cache, last_tokens, prompt_lengths, done, rng, knobs: DecodeKnobs,
@@ -150,6 +154,11 @@ def masked_set(buf, offsets, values, lengths):
   return buf.at[jnp.arange(b)[:, None], cols].set(values.astype(buf.dtype), mode="drop")
 
 
+def to_host(state: DecodeState) -> DecodeState:
+  """The state's outputs as numpy (the KV cache stays on the device)."""
+  return jax.device_get(state.replace(cache=None))
+
+
 @dataclasses.dataclass
 class DecodeResult:
   """Host-side outputs of a decode call, per real row (padding rows removed).
@@ -170,6 +179,14 @@ class DecodeResult:
   compile_s: float = 0.0
   prefill_s: float = 0.0
   decode_s: float = 0.0
+  # Verified decoding: per draft index 1..S-1, drafts reached (proposed with every earlier draft
+  # accepted) and accepted, over the real rows
+  # ([2, S-1]); None for merged decoding (a "group" is then the tokens one forward committed).
+  draft_counts: list[list[int]] | None = None
+
+  @property
+  def verified(self) -> bool:
+    return self.draft_counts is not None
 
   @classmethod
   def from_state(cls, st: DecodeState, rows: int, **timings) -> "DecodeResult":
@@ -179,15 +196,19 @@ class DecodeResult:
     groups = np.asarray(st.out_group)
     sizes = [np.bincount(groups[b, :n[b]], minlength=int(st.macro_steps[b])).tolist()
              for b in range(rows)]
+    # slot = T - 1 + macro steps (the prompt's last token was fed at slot T - 1); verified
+    # decoding gives every committed token its own slot: slot = T - 1 + tokens.
+    fed = np.asarray(st.macro_steps if st.draft_counts is None else st.num_out)[:rows]
+    counts = None
+    if st.draft_counts is not None:
+      counts = np.asarray(st.draft_counts)[:rows, :, 1:].sum(axis=0).tolist()
     return cls(
         tokens=take(st.out_tokens, int), group_sizes=sizes, logprobs=take(st.out_logprob, float),
         logits=take(st.out_logit, float), stop_logits=take(st.out_stop, float),
         finish_reasons=[FINISH_NAMES[int(f)] for f in np.asarray(st.finish)[:rows]],
         macro_steps=[int(m) for m in np.asarray(st.macro_steps)[:rows]],
-        # slot = T - 1 + macro steps (the prompt's last token was fed at slot T - 1).
-        prompt_lengths=[int(x) + 1 for x in
-                        np.asarray(st.slot)[:rows] - np.asarray(st.macro_steps)[:rows]],
-        iterations=int(st.iteration), **timings)
+        prompt_lengths=[int(x) + 1 for x in np.asarray(st.slot)[:rows] - fed],
+        iterations=int(st.iteration), draft_counts=counts, **timings)
 
   def groups(self, row: int) -> list[list[int]]:
     """Row `row`'s tokens cut into its macro-step groups."""
@@ -202,13 +223,21 @@ class DecodeResult:
     new = sum(len(t) for t in self.tokens)
     steps = sum(self.macro_steps)
     prompt = sum(self.prompt_lengths)
-    return {
+    stats = {
         "rows": len(self.tokens), "prompt_tokens": prompt, "new_tokens": new,
         "macro_steps": steps, "tokens_per_macro_step": new / max(steps, 1),
-        # Slots a row fills: its prompt, then one per group except the last (never fed).
-        "kv_slots_used": prompt + steps - len(self.tokens),
+        # Slots a row fills: its prompt, then one per group except the last (never fed);
+        # verified decoding: one per token, as the base.
+        "kv_slots_used": prompt + (new if self.verified else steps) - len(self.tokens),
         "kv_slots_base": prompt + new - len(self.tokens),
         "loop_iterations": self.iterations, "prefill_s": self.prefill_s,
         "decode_s": self.decode_s, "decode_tokens_per_s": new / max(self.decode_s, 1e-9),
         "compile_s": self.compile_s, "finish_reasons": list(self.finish_reasons),
     }
+    if self.verified:
+      reached, accepted = self.draft_counts
+      stats.update(mode="verify", tokens_per_forward=new / max(steps, 1),
+                   drafts_reached=reached, drafts_accepted=accepted,
+                   # P(draft j accepted | proposed and drafts 1..j-1 accepted), j = 1..S-1
+                   acceptance=[a / r if r else None for r, a in zip(reached, accepted)])
+    return stats

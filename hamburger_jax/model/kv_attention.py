@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 NEG_INF = -1e30
-KV_BLOCK = 64    # slots per key block (on a shared 2-core CPU 64 and 128 cost about the same)
+KV_BLOCK = 64    # slots per key block (docs/results/step_costs.md)
 
 
 def _block_update(carry, qg, kj, vj, visible):

@@ -36,12 +36,8 @@ def dense(features: int, axes: tuple[str, str], cfg: LlamaConfig, name: str,
 
 # XLA's CPU dot packs the whole right-hand matrix before a product, so a few rows times a large
 # [V, D] table (a tied LM head) cost about what 32 rows do. A multiply and a sum over D reads the
-# table once instead: SmolLM2's 49152 x 576 float32 table at 2 / 8 / 32 rows took 9.5 / 11.3 /
-# 29.6 ms against 19.8 / 23.9 / 42.1 ms for the dot on a 2-core EPYC (benchmarks/few_rows_head.py,
-# docs/few_rows_head.json). Other row counts keep the dot (one row: XLA's matrix-vector path,
-# 6 ms; at 12 rows the sum took 40 ms against the dot's 25). The gain depends on the CPU: on a
-# 2-core Intel Xeon with AVX-512, whose dot already reads the table once, the sum ran at
-# 0.85-1.06x the dot's speed (docs/few_rows_head_xeon.json).
+# table once instead; these row counts are where it was measured faster than the dot, and other
+# row counts keep the dot. The gain depends on the CPU (docs/results/step_costs.md).
 FEW_ROWS = (2, 4, 8, 16, 32)
 
 

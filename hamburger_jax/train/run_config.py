@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import math
 import os
 import sys
 
@@ -55,7 +56,9 @@ def validate_config(config, num_devices: int | None = None) -> None:
   """Raises ConfigError naming the field for settings that cannot work (before any compile)."""
   try:
     _check_types(config)
+    _check_ranges(config)
     _validate(config, num_devices)
+    check_token_ids(model_config(config), f"model.preset {config.model.preset!r}")
   except ConfigError:
     raise
   except (ValueError, TypeError) as e:
@@ -76,6 +79,59 @@ def _check_types(config) -> None:
                       f"{config.seed}.")
   if config.checkpoint.keep < 1:
     raise ConfigError(f"checkpoint.keep must be >= 1, got {config.checkpoint.keep}.")
+
+
+# Real-valued settings: (field, lowest, highest, highest excluded); every one must be finite.
+_REAL_RANGES = (
+    ("optim.base_lr", 0.0, math.inf, False), ("optim.grafted_lr", 0.0, math.inf, False),
+    ("optim.end_lr", 0.0, math.inf, False), ("optim.b1", 0.0, 1.0, True),
+    ("optim.b2", 0.0, 1.0, True), ("optim.eps", 0.0, math.inf, False),
+    ("optim.weight_decay", 0.0, math.inf, False), ("optim.grad_clip_norm", 0.0, math.inf, False),
+    ("loss.stop_weight", 0.0, math.inf, False), ("loss.kl_weight", 0.0, math.inf, False))
+# Integer settings and their least value (0 = "off" or "the preset's" where the config says so).
+_INT_MINIMA = (("data.batch_size", 1), ("data.seq_len", 1), ("data.num_workers", 0),
+               ("optim.warmup_steps", 0), ("loss.teacher_len", 0), ("eval.every_steps", 0),
+               ("eval.num_batches", 1), ("eval.batch_size", 0), ("model.attention_block", 1),
+               ("model.max_targets", 0)) + tuple((f"model.{k}", 0)
+                                                 for k in _BASE_FIELDS + _HAM_FIELDS)
+
+
+def _field(config, name: str):
+  for part in name.split("."):
+    config = config[part]
+  return config
+
+
+def _check_ranges(config) -> None:
+  """Learning rates, betas, weights finite and in range (NaN refused); sizes and counts >= their
+  least value; ConfigError naming the field and the fix."""
+  for name, lo, hi, hi_open in _REAL_RANGES:
+    v = _field(config, name)
+    span = f"in [{lo:g}, {hi:g}{')' if hi_open else ']'}" if hi < math.inf else f">= {lo:g}"
+    ok = (not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+          and lo <= v and (v < hi if hi_open else v <= hi))
+    if not ok:
+      raise ConfigError(f"{name} must be a finite number {span}, got {v!r}: set "
+                        f"--config.{name} to such a value.")
+  for name, low in _INT_MINIMA:
+    v = _field(config, name)
+    if isinstance(v, bool) or not isinstance(v, int) or v < low:
+      raise ConfigError(f"{name} must be an integer >= {low}, got {v!r}: set --config.{name} to "
+                        "such a value.")
+
+
+def check_token_ids(cfg: HamburgerConfig, source: str) -> None:
+  """ConfigError unless the BOS and EOS ids of `cfg` lie in its vocabulary (an EOS outside it
+  could never end a sequence)."""
+  base = cfg.base
+  ids = [("eos_token_ids", i) for i in base.eos_token_ids]
+  if base.bos_token_id is not None:
+    ids.append(("bos_token_id", base.bos_token_id))
+  bad = [(name, i) for name, i in ids if not 0 <= int(i) < base.vocab_size]
+  if bad:
+    name, i = bad[0]
+    raise ConfigError(f"{name} holds {i}, outside the vocabulary of {base.vocab_size} tokens of "
+                      f"{source}: fix the ids in its config (each in 0..{base.vocab_size - 1}).")
 
 
 def _validate(config, num_devices: int | None) -> None:
@@ -126,15 +182,27 @@ def eval_rows(config) -> int:
 def load_config_file(path: str):
   """The `get_config()` of a configs/*.py file (as train.py's --config reads it), from Python.
 
-  The file's directory parent goes on sys.path so that `from configs import default` resolves.
+  When `configs` is not importable, the `configs` package beside the file's directory is
+  registered under that name, so that `from configs import default` resolves.
   """
   path = os.path.abspath(path)
   if not os.path.isfile(path):
     raise FileNotFoundError(f"No config file {path}: pass a configs/*.py file.")
-  root = os.path.dirname(os.path.dirname(path))
-  if root not in sys.path:
-    sys.path.insert(0, root)
+  _register_configs(os.path.join(os.path.dirname(os.path.dirname(path)), "configs"))
   spec = importlib.util.spec_from_file_location(f"_config_{abs(hash(path))}", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module.get_config()
+
+
+def _register_configs(directory: str) -> None:
+  """Imports `directory`/__init__.py as the package `configs` unless one is importable."""
+  init = os.path.join(directory, "__init__.py")
+  if ("configs" in sys.modules or not os.path.isfile(init)
+      or importlib.util.find_spec("configs") is not None):
+    return
+  spec = importlib.util.spec_from_file_location("configs", init,
+                                                submodule_search_locations=[directory])
+  module = importlib.util.module_from_spec(spec)
+  sys.modules["configs"] = module
+  spec.loader.exec_module(module)

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from hamburger_jax.data.tokenize import ChatTokenizer, TokenizeConfig
-from hamburger_jax.decode.cli import DecodeArgs, _encode
+from hamburger_jax.decode.cli import encode
 from hamburger_jax.serve import protocol
 from hamburger_jax.serve.service import Service
 from hamburger_jax.text import chat
@@ -32,7 +32,7 @@ def _three_uses(path: str, prompt, system):
   messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
   uses = [data_ids, engine_ids, server.encode_chat(protocol.chat_messages({"messages": messages}))]
   if isinstance(prompt, str):
-    uses.append(_encode(DecodeArgs(chat=True, system=system), [prompt], tok)[0])
+    uses.append(encode([prompt], tok, chat=True, system=system)[0])
   return uses
 
 

@@ -164,19 +164,21 @@ def test_missing_checkpoint_is_named_before_the_tokenizer(tmp_path):
 
 
 def test_unset_knobs_take_the_checkpoints_recommendation(ckpt, monkeypatch):
-  from hamburger_jax.decode import cli
-  from hamburger_jax.recipes import smollm2
+  from hamburger_jax import shipped
+  from hamburger_jax.decode.checkpoint import open_checkpoint, resolve_knobs
   from hamburger_jax.serve.cli import parse_args
-  a = cli.resolve_args(DecodeArgs(ckpt=ckpt))                 # recommends nothing: 0.8 / 0
-  assert (a.confidence, a.min_token_prob) == (0.8, 0.0)
-  a = cli.resolve_args(DecodeArgs(ckpt=ckpt, confidence=0.5, min_token_prob=0.2))
-  assert (a.confidence, a.min_token_prob) == (0.5, 0.2)
-  monkeypatch.setattr(smollm2, "decode_defaults", lambda: {"confidence": 0.9, "min_token_prob": 0.3})
-  monkeypatch.setattr(smollm2, "cached_tokenizer_dir", lambda: "tok")
-  a = cli.resolve_args(DecodeArgs(ckpt=cli.SHIPPED))
-  assert (a.confidence, a.min_token_prob, a.chat) == (0.9, 0.3, True)
-  a = cli.resolve_args(DecodeArgs(ckpt=cli.SHIPPED, min_token_prob=0.0))   # a flag given wins
-  assert (a.confidence, a.min_token_prob) == (0.9, 0.0)
+  knobs = lambda a, d: tuple(resolve_knobs(vars(a), d.knob_defaults).values())
+  d = open_checkpoint(ckpt, token_ids=True)
+  assert knobs(DecodeArgs(ckpt=ckpt), d) == (0.8, 0.0)              # recommends nothing: 0.8 / 0
+  assert knobs(DecodeArgs(ckpt=ckpt, confidence=0.5, min_token_prob=0.2), d) == (0.5, 0.2)
+  # A named checkpoint (the tiny one under a name) brings its recommendation and chat template.
+  monkeypatch.setitem(shipped.NAMED, "tiny", shipped.NamedCheckpoint(
+      name="tiny", asset_dir=ckpt, system="Be brief.", tokenizer_dir=lambda: "tok",
+      decode_defaults=lambda: {"confidence": 0.9, "min_token_prob": 0.3},
+      load=lambda: load_model(ckpt)[1:]))
+  d = open_checkpoint("tiny", token_ids=True)
+  assert (*knobs(DecodeArgs(ckpt="tiny"), d), d.chat, d.system) == (0.9, 0.3, True, "Be brief.")
+  assert knobs(DecodeArgs(ckpt="tiny", min_token_prob=0.0), d) == (0.9, 0.0)  # a flag given wins
   s = parse_args(["--ckpt", "x", "--min_token_prob", "0.3"])
   assert (s.confidence, s.min_token_prob) == (None, 0.3)
 
@@ -184,17 +186,19 @@ def test_unset_knobs_take_the_checkpoints_recommendation(ckpt, monkeypatch):
 def test_a_checkpoints_draft_vocabulary_is_used_unless_full_is_asked(ckpt, tmp_path):
   import shutil
   from hamburger_jax.decode import draft_vocab
-  from hamburger_jax.decode.cli import load_draft_vocab
-  _, cfg, _ = load_model(ckpt)
-  assert load_draft_vocab(DecodeArgs(ckpt=ckpt), cfg) is None           # it has none
+  from hamburger_jax.decode.checkpoint import open_checkpoint
+  vocab = lambda path, choice=None: open_checkpoint(path, token_ids=True,
+                                                    draft_vocab=choice).draft_vocab
+  assert vocab(ckpt) is None                                              # it has none
   own = str(tmp_path / "ckpt")
   shutil.copytree(ckpt, own)
   draft_vocab.save(os.path.join(own, draft_vocab.FILE_NAME), [5, 9, 2], source="a test")
-  assert load_draft_vocab(DecodeArgs(ckpt=own), cfg).tolist() == [5, 9, 2]
-  assert load_draft_vocab(DecodeArgs(ckpt=own, draft_vocab="full"), cfg) is None
+  assert vocab(own).tolist() == [5, 9, 2]
+  assert vocab(own, "full") is None
   other = str(tmp_path / "other.json")
   draft_vocab.save(other, [7], source="a test")
-  assert load_draft_vocab(DecodeArgs(ckpt=own, draft_vocab=other), cfg).tolist() == [7]
+  assert vocab(own, other).tolist() == [7]
+  assert open_checkpoint(own, token_ids=True, base=True).draft_vocab is None   # base: no drafts
   # Decoded with it: every drafted token (after a group's first) is one of its ids.
   code, out, err = _run(ckpt=own, prompt="1,5,7", token_ids=True, json=True, max_new_tokens=16,
                         confidence=0.05)
@@ -215,10 +219,10 @@ class _FenceTokenizer:
 
 
 def test_code_fence_ids_follow_the_flag_and_the_limit():
-  from hamburger_jax.decode import cli  # pylint: disable=import-outside-toplevel
-  assert cli.code_fence_ids(DecodeArgs(), _FenceTokenizer(2), base_only=False) == (0, 1)
-  assert cli.code_fence_ids(DecodeArgs(code_fences=False), _FenceTokenizer(2), False) == ()
-  assert cli.code_fence_ids(DecodeArgs(), _FenceTokenizer(2), base_only=True) == ()
-  assert cli.code_fence_ids(DecodeArgs(), None, base_only=False) == ()
-  with pytest.raises(cli.UsageError, match="33 code-fence tokens, more than the 32 supported"):
-    cli.code_fence_ids(DecodeArgs(), _FenceTokenizer(33), base_only=False)
+  from hamburger_jax.decode.checkpoint import UsageError, code_fence_ids
+  assert code_fence_ids(_FenceTokenizer(2), True, base_only=False) == (0, 1)
+  assert code_fence_ids(_FenceTokenizer(2), False, False) == ()
+  assert code_fence_ids(_FenceTokenizer(2), True, base_only=True) == ()
+  assert code_fence_ids(None, True, base_only=False) == ()
+  with pytest.raises(UsageError, match="33 code-fence tokens, more than the 32 supported"):
+    code_fence_ids(_FenceTokenizer(33), True, base_only=False)

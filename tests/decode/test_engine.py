@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from hamburger_jax.decode import compaction
 from hamburger_jax.decode import loop as loop_lib
 from hamburger_jax.decode.sampler import DecodeInputError
 from tests.decode.helpers import (CACHE_LENGTH, check_against_teacher_forcing, small_model,
@@ -227,13 +228,13 @@ def test_compacted_micro_steps_give_each_row_the_same_numbers():
   """At 8 rows micro steps run on the continuing rows only, gathered into 1/2/4/8-row buckets."""
   compact = small_sampler(0, compact_micro_steps=True)
   full = small_sampler(0, compact_micro_steps=False)
-  assert loop_lib.micro_buckets(compact.engine, 8) == (1, 2, 4, 8)
-  assert loop_lib.micro_buckets(full.engine, 8) == (8,)
+  assert compaction.micro_buckets(compact.engine, 8) == (1, 2, 4, 8)
+  assert compaction.micro_buckets(full.engine, 8) == (8,)
   default = small_sampler(0).engine                  # None: compacted from COMPACT_FROM rows
-  assert loop_lib.micro_buckets(default, loop_lib.COMPACT_FROM) == (1, 2, 4, 8)
-  assert loop_lib.micro_buckets(default, 4) == (4,)
-  assert loop_lib.micro_buckets(compact.engine, 32) == (1, 2, 4, 8, 16, 32)
-  assert loop_lib.micro_buckets(compact.engine, 24) == (1, 2, 4, 8, 16, 24)
+  assert compaction.micro_buckets(default, compaction.COMPACT_FROM) == (1, 2, 4, 8)
+  assert compaction.micro_buckets(default, 4) == (4,)
+  assert compaction.micro_buckets(compact.engine, 32) == (1, 2, 4, 8, 16, 32)
+  assert compaction.micro_buckets(compact.engine, 24) == (1, 2, 4, 8, 16, 24)
   prompts = PROMPTS * 2
   for knobs in (dict(confidence=0.5), dict(confidence=0.3, temperature=1.0, top_k=40, seed=5)):
     a = compact.decode(prompts, max_new_tokens=24, eos_ids=[], **knobs)

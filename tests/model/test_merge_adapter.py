@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hamburger_jax.convert.native import load_hamburger, save_hamburger
-from hamburger_jax.decode import loop as loop_lib
+from hamburger_jax.decode import compaction
 from hamburger_jax.decode.batching import ContinuousBatcher, Request
 from hamburger_jax.decode.sampler import Sampler
 from hamburger_jax.model.batch import make_batch
@@ -136,9 +136,9 @@ def test_skipping_merge_work_when_nothing_is_merged_gives_the_same_numbers():
   kw = dict(cache_length=32, out_length=20)
   skip = Sampler(cfg, params, skip_unmerged=True, **kw)
   full = Sampler(cfg, params, skip_unmerged=False, **kw)
-  assert loop_lib.skips_unmerged(skip.engine)
-  assert not loop_lib.skips_unmerged(full.engine)
-  assert loop_lib.skips_unmerged(Sampler(cfg, params, **kw).engine)   # None: on CPU
+  assert compaction.skips_unmerged(skip.engine)
+  assert not compaction.skips_unmerged(full.engine)
+  assert compaction.skips_unmerged(Sampler(cfg, params, **kw).engine)   # None: on CPU
   merged = []                       # per macro step of the single-row runs: was its input merged
   for prompts in (PROMPTS[:1], PROMPTS):
     for confidence in (0.2, 0.6):

@@ -1,0 +1,151 @@
+"""One loader for anything decodable: a checkpoint with its tokenizer, knobs and vocabularies.
+
+    d = open_checkpoint("smollm2")                     # or an export dir, an HF Llama dir, ...
+    d = open_checkpoint("/tmp/tiny_ckpt", token_ids=True)
+    knobs = resolve_knobs({"confidence": None}, d.knob_defaults)
+    Sampler(d.config, d.params, base=d.base_only, eos_ids=d.eos_ids, draft_vocab=d.draft_vocab)
+
+`ckpt` is this project's export dir, an HF Llama dir (plain decoding), an original HAMburger
+checkpoint file (.ckpt / .safetensors, with `base_config`), or a named checkpoint
+(`hamburger_jax.shipped.NAMED`, e.g. "smollm2"). Unusable input raises one clear error:
+CheckpointError (missing or unreadable checkpoint), TokenizerError (unreadable tokenizer) or
+UsageError (no tokenizer, a bad draft vocabulary, too many code-fence tokens).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import numpy as np
+
+from hamburger_jax.convert import CheckpointError, load_model
+from hamburger_jax.decode import draft_vocab as draft_vocab_lib
+from hamburger_jax.decode import state as ds
+from hamburger_jax.decode.prompts import UsageError
+from hamburger_jax.model.config import HamburgerConfig, LlamaConfig
+from hamburger_jax.shipped import NAMED, named
+from hamburger_jax.text.tokenizer import Tokenizer
+
+DEFAULT_KNOBS = {"confidence": 0.8, "min_token_prob": 0.0}   # when the checkpoint recommends none
+
+
+@dataclasses.dataclass(frozen=True)
+class Decodable:
+  """Everything needed to decode a checkpoint."""
+  config: HamburgerConfig | LlamaConfig
+  params: Any
+  base_only: bool                 # a plain Llama checkpoint, or base=True was asked
+  tokenizer: Tokenizer | None     # None with token_ids=True
+  knob_defaults: dict             # {"confidence": float, "min_token_prob": float} recommended
+  chat: bool                      # prompts are wrapped in the chat template
+  system: str | None              # the system prompt of chat prompts
+  fence_ids: tuple[int, ...]      # code-fence token ids (empty when off / base / no tokenizer)
+  draft_vocab: np.ndarray | None  # token ids drafts choose from; None = all
+  eos_ids: tuple[int, ...]        # model EOS ids (+ tokenizer stop ids when chat)
+
+  @property
+  def llama(self) -> LlamaConfig:
+    """The base model's config."""
+    return self.config.base if isinstance(self.config, HamburgerConfig) else self.config
+
+
+def resolve_knobs(given: dict, recommended: dict) -> dict:
+  """{confidence, min_token_prob}: the given values, else the checkpoint's recommended ones, else
+  DEFAULT_KNOBS (None = not given)."""
+  return {name: given[name] if given.get(name) is not None else recommended.get(name, value)
+          for name, value in DEFAULT_KNOBS.items()}
+
+
+def check_checkpoint(ckpt: str) -> None:
+  """CheckpointError unless `ckpt` names a checkpoint or an existing path (nothing is read)."""
+  if named(ckpt) is None and not os.path.exists(ckpt):
+    names = ", ".join(f"'{n}'" for n in NAMED)
+    raise CheckpointError(f"No such checkpoint: {ckpt} (pass an export dir, an HF Llama dir, "
+                          f"an original HAMburger checkpoint, or {names}).")
+
+
+def open_checkpoint(ckpt: str, *, base_config: str | None = None, tokenizer: str | None = None,
+                    base: bool = False, token_ids: bool = False, draft_vocab: str | None = None,
+                    code_fences: bool = True, chat: bool | None = None,
+                    system: str | None = None) -> Decodable:
+  """Loads `ckpt` and what decoding it needs.
+
+  base_config: HF config.json of the base (original checkpoints). tokenizer: tokenizer.json or
+  its directory (default: the named checkpoint's, else beside `ckpt`). base: decode with the base
+  model alone. token_ids: no tokenizer. draft_vocab: "full", a draft vocabulary file, or None (the
+  checkpoint's own draft_vocab.json if it has one). code_fences: fenced code decodes one token
+  per macro step. chat / system: None = the checkpoint's (a named one is a chat model with its
+  system prompt; a path is plain text).
+  """
+  check_checkpoint(ckpt)
+  entry = named(ckpt)
+  if entry is not None:
+    chat = True if chat is None else chat
+    system = system or entry.system
+    if tokenizer is None and not token_ids:
+      tokenizer = entry.tokenizer_dir()
+  tok = None if token_ids else load_tokenizer(ckpt, tokenizer)
+  cfg, params, base_only = _load(ckpt, base_config, base)
+  llama = cfg.base if isinstance(cfg, HamburgerConfig) else cfg
+  eos = sorted(set(list(llama.eos_token_ids) + (tok.stop_ids(bool(chat)) if tok else [])))
+  recommended = entry.decode_defaults() if entry is not None else {}
+  return Decodable(
+      config=cfg, params=params, base_only=base_only, tokenizer=tok,
+      knob_defaults=resolve_knobs({}, recommended), chat=bool(chat), system=system,
+      fence_ids=code_fence_ids(tok, code_fences, base_only),
+      draft_vocab=None if base_only else load_draft_vocab(
+          draft_vocab, entry.asset_dir if entry is not None else ckpt, cfg),
+      eos_ids=tuple(eos))
+
+
+def _load(ckpt: str, base_config: str | None, base: bool):
+  """-> (config, params, base_only) from any supported checkpoint."""
+  entry = named(ckpt)
+  try:
+    if entry is not None:
+      cfg, params = entry.load()
+      return cfg, params, base
+    kind, cfg, params = load_model(ckpt, base_config=base_config)
+  except (FileNotFoundError, ValueError) as e:
+    if isinstance(e, CheckpointError):
+      raise
+    raise CheckpointError(str(e)) from e
+  return cfg, params, base or kind == "llama"
+
+
+def load_tokenizer(ckpt: str, tokenizer: str | None) -> Tokenizer:
+  """The tokenizer at `tokenizer`, else the one beside `ckpt`; UsageError if there is none."""
+  tok_path = tokenizer or (ckpt if os.path.isdir(ckpt) else os.path.dirname(ckpt))
+  if not tokenizer and not os.path.isfile(os.path.join(tok_path, "tokenizer.json")):
+    raise UsageError("No tokenizer: pass --tokenizer PATH/tokenizer.json, or --token_ids to give "
+                     "prompts as comma-separated ids.")
+  return Tokenizer(tok_path)
+
+
+def load_draft_vocab(choice: str | None, ckpt_dir: str, cfg) -> np.ndarray | None:
+  """The token ids HAMburger's drafts choose from (`decode/draft_vocab.py`), or None for all.
+
+  choice: "full" = the whole vocabulary; a path = that file; None = `ckpt_dir`'s own
+  `draft_vocab.json` (the shipped model's: see its manifest) if it has one, else all.
+  """
+  if not isinstance(cfg, HamburgerConfig):
+    return None
+  try:
+    return draft_vocab_lib.resolve(choice, ckpt_dir, cfg.base.vocab_size)
+  except draft_vocab_lib.DraftVocabError as e:
+    raise UsageError(f"--draft_vocab: {e}") from None
+
+
+def code_fence_ids(tokenizer: Tokenizer | None, enabled: bool, base_only: bool) -> tuple[int, ...]:
+  """The fence ids HAMburger decodes with (`DecodeKnobs.fence_ids`): the tokenizer's tokens that
+  hold ``` when `enabled` (and not base_only), else none."""
+  if not enabled or tokenizer is None or base_only:
+    return ()
+  ids = tuple(tokenizer.fence_ids())
+  if len(ids) > ds.MAX_FENCE:
+    raise UsageError(f"The tokenizer has {len(ids)} code-fence tokens, more than the "
+                     f"{ds.MAX_FENCE} supported: turn code fences off (decode.py "
+                     "--nocode_fences, the server --no-code_fences).")
+  return ids

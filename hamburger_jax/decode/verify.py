@@ -1,0 +1,254 @@
+"""Verified decoding (spec §9): the base checks the micro decoder's drafts in its next forward.
+
+Every loop iteration feeds each row's pending input, its last committed token x and its drafts
+d1..dk, to the base as S separate inputs (one KV slot and one RoPE position each, [B, S], padded),
+accepts the longest prefix of drafts the base agrees with, commits those drafts plus one token of
+the base's own, and drafts the next group from the features at the last accepted position. The
+committed tokens are the base's own: its greedy tokens exactly, or (sampling) distributed as its
+samples (Leviathan et al. 2023, Chen et al. 2023). Rejected drafts' KV slots are overwritten by
+the next forward, which starts at the slot after the last committed token.
+
+The loop state is `DecodeState` with these meanings:
+  group_tokens [B, S]  the pending input [x, d1, .., dk], zero-padded; group_len [B] = 1 + k
+  slot, position [B]   x's KV slot and RoPE position (equal offsets: nothing is merged)
+  out_group [B, N]     the forward that committed each token (a "group" = one forward's tokens)
+  draft_hidden [B, S, D] the micro decoder's outputs for d1..dk (their distributions q, sampling)
+  draft_counts [B, 2, S] per draft index: drafts reached (proposed, every earlier one
+                       accepted), drafts accepted
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from hamburger_jax.decode import micro
+from hamburger_jax.decode import state as ds
+from hamburger_jax.decode.sampling import filter_logits
+
+_ACCEPT_FOLD = 1 << 20      # key folds of the acceptance draws and of the bonus / residual draw
+_RESIDUAL_FOLD = (1 << 20) + 1
+
+
+def init_extras(state: ds.DecodeState, hidden_size: int) -> ds.DecodeState:
+  """The verify-mode fields of a freshly prefilled state (no drafts pending)."""
+  b, s = state.group_tokens.shape
+  return state.replace(draft_hidden=jnp.zeros((b, s, hidden_size), jnp.float32),
+                       draft_counts=jnp.zeros((b, 2, s), jnp.int32))
+
+
+# --- distributions ---------------------------------------------------------------------------------
+
+def processed_probs(logits, sampling):
+  """logits [R, V] -> the distribution a token is drawn from [R, V] f32: one-hot argmax for greedy
+  rows (temperature <= 0), else softmax of the tempered logits after top-k / top-p. sampling: [R]."""
+  logits = logits.astype(jnp.float32)
+  onehot = jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
+  greedy = sampling.temperature <= 0.0
+
+  def soft():
+    scaled = logits / jnp.maximum(sampling.temperature, 1e-6)[:, None]
+    needs_filter = jnp.any((sampling.top_k > 0) | (sampling.top_p < 1.0))
+    scaled = jax.lax.cond(needs_filter, lambda x: filter_logits(x, sampling.top_k, sampling.top_p),
+                          lambda x: x, scaled)
+    return jnp.where(greedy[:, None], onehot, jax.nn.softmax(scaled, axis=-1))
+
+  return jax.lax.cond(jnp.all(greedy), lambda: onehot, soft)
+
+
+def _per_position(fn, x, sampling):
+  """fn(x [R, ...], sampling [R]) applied to x [B, S, ...] with each row's sampling -> [B, S, ..]."""
+  b, s = x.shape[:2]
+  rows = jax.tree_util.tree_map(lambda v: jnp.repeat(v, s, axis=0), sampling)
+  out = fn(x.reshape((b * s,) + x.shape[2:]), rows)
+  return out.reshape((b, s) + out.shape[1:])
+
+
+def draft_probs(model, params, hidden, sampling):
+  """The distributions q [B, S, V] the drafts were drawn from, from the micro outputs hidden
+  [B, S, D] (index 0 unused). With a draft vocabulary q is zero outside its K ids."""
+  b, s, d = hidden.shape
+  flat = hidden.reshape(b * s, d)
+  if model.draft_size:
+    logits, _, _ = model.draft_heads(params, flat)
+    rows = jax.tree_util.tree_map(lambda v: jnp.repeat(v, s, axis=0), sampling)
+    q_k = processed_probs(logits, rows)                                   # [B*S, K]
+    q = jnp.zeros((b * s, model.llama.vocab_size), jnp.float32)
+    q = q.at[:, params["draft"]["ids"]].set(q_k)
+    return q.reshape(b, s, -1)
+  logits, _ = model.heads(params, flat)
+  return _per_position(processed_probs, logits.reshape(b, s, -1), sampling)
+
+
+# --- acceptance ------------------------------------------------------------------------------------
+
+def accept_greedy(logits, pending, num_drafts):
+  """logits [B, S, V] (the base's after each pending input), pending [B, S], num_drafts [B] ->
+  (accepted [B] i32, next token [B] i32, accepted flags [B, S-1] bool)."""
+  g = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  s = pending.shape[1]
+  ok = (pending[:, 1:] == g[:, :-1]) & (jnp.arange(1, s)[None, :] <= num_drafts[:, None])
+  flags = jnp.cumprod(ok, axis=1).astype(bool)
+  accepted = jnp.sum(flags, axis=1, dtype=jnp.int32)
+  return accepted, jnp.take_along_axis(g, accepted[:, None], axis=1)[:, 0], flags
+
+
+def accept_sampled(p, q, pending, num_drafts, keys):
+  """The Leviathan/Chen rule. p [B, S, V]: the base's processed distributions after each pending
+  input; q [B, S, V]: the distributions drafts 1..S-1 were drawn from; keys [B, 2].
+  Draft i is accepted with probability min(1, p_{i-1}(d_i) / q_i(d_i)), in order; at the first
+  rejection the next token is drawn from normalise(max(p - q, 0)), else from p after the last
+  draft. -> (accepted [B], next token [B], accepted flags [B, S-1])."""
+  b, s = pending.shape
+  d = pending[:, 1:, None]
+  pd = jnp.take_along_axis(p[:, :-1], d, axis=2)[..., 0]                  # p_{i-1}(d_i)
+  qd = jnp.take_along_axis(q[:, 1:], d, axis=2)[..., 0]                   # q_i(d_i)
+  u = jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, _ACCEPT_FOLD), (s - 1,)))(keys)
+  ok = (u * qd < pd) & (jnp.arange(1, s)[None, :] <= num_drafts[:, None])
+  flags = jnp.cumprod(ok, axis=1).astype(bool)
+  accepted = jnp.sum(flags, axis=1, dtype=jnp.int32)
+  rows = jnp.arange(b)
+  p_a = p[rows, accepted]                                                  # [B, V]
+  q_next = q[rows, jnp.minimum(accepted + 1, s - 1)]
+  residual = jnp.maximum(p_a - q_next, 0.0)
+  rejected = (accepted < num_drafts)[:, None] & (jnp.sum(residual, -1, keepdims=True) > 0)
+  dist = jnp.where(rejected, residual, p_a)
+  draw = lambda k, w: jax.random.categorical(jax.random.fold_in(k, _RESIDUAL_FOLD), jnp.log(w))
+  return accepted, jax.vmap(draw)(keys, dist).astype(jnp.int32), flags
+
+
+# --- drafting ------------------------------------------------------------------------------------
+
+def draft_after(engine, params, feats, first, st: ds.DecodeState, keys, running):
+  """Drafts the tokens after `first` [B] (committed: the base's token predicted from feats
+  [B, F, D]) -> (pending [B, S] = [first, d1..dk], 1 + k [B], micro outputs [B, S, D]).
+
+  The micro decoder runs with `first` as its step-0 token. A row drafts on while the stop head's
+  continue-probability is >= its confidence (and within max_group and its token budget, up to an
+  EOS / stop id), as a merged group would grow. Greedy rows drop a draft below min_token_prob (and
+  end there); sampling rows propose every draft they draw, so that each is drawn from the
+  distribution the acceptance rule divides by.
+  """
+  model, s = engine.model, engine.max_steps
+  b = first.shape[0]
+  knobs = st.knobs
+  knobs = knobs.replace(min_token_prob=jnp.where(knobs.sampling.temperature > 0.0, 0.0,
+                                                 knobs.min_token_prob))
+  budget = knobs.max_new_tokens - st.num_out
+  cap = jnp.minimum(knobs.max_group, s)
+  is_end = (jnp.any(first[:, None] == knobs.eos_ids, axis=-1)
+            | jnp.any(first[:, None] == knobs.stop_ids, axis=-1))
+  go_on = (running & (micro.continue_probability(model.stop_logits(params, feats[:, -1]))
+                      >= knobs.confidence)
+           & (knobs.min_token_prob < 1.0) & (1 < cap) & (1 < budget) & ~is_end)
+  tokens = jnp.zeros((b, s), jnp.int32).at[:, 0].set(first)
+  hidden = jnp.zeros((b, s, model.llama.hidden_size), jnp.float32)
+  length = jnp.ones((b,), jnp.int32)
+
+  def body(c):
+    j, active, prev, cache, tokens, hidden, length = c
+    out, cache = model.micro_step(params, prev, j, cache)
+    p = micro.pick(engine, params, out, j, keys, knobs, budget, draft=True)
+    take = active & p.keep
+    tokens = tokens.at[:, j].set(jnp.where(take, p.token, tokens[:, j]))
+    hidden = hidden.at[:, j].set(jnp.where(take[:, None], out.astype(jnp.float32), hidden[:, j]))
+    return j + 1, take & p.go_on, p.token, cache, tokens, hidden, length + take
+
+  def drafts(_):
+    cache = model.micro_prefill(params, feats)
+    carry = (jnp.int32(1), go_on, first, cache, tokens, hidden, length)
+    out = jax.lax.while_loop(lambda c: (c[0] < s) & jnp.any(c[1]), body, carry)
+    return out[4], out[6], out[5]
+
+  return jax.lax.cond(jnp.any(go_on), drafts, lambda _: (tokens, length, hidden), None)
+
+
+# --- one verified step -----------------------------------------------------------------------------
+
+def _committed(pending, accepted, nxt):
+  """[B, S]: the accepted drafts d1..da, then the base's token, zero-padded (length a + 1)."""
+  s = pending.shape[1]
+  cols = jnp.arange(s)[None, :]
+  shifted = jnp.concatenate([pending[:, 1:], jnp.zeros_like(pending[:, :1])], axis=1)
+  return jnp.where(cols < accepted[:, None], shifted,
+                   jnp.where(cols == accepted[:, None], nxt[:, None], 0))
+
+
+def _cut(tokens, length, knobs: ds.DecodeKnobs, budget):
+  """Ends the committed tokens [B, S] at the first EOS / stop id and at the row's budget [B] ->
+  (length [B], hit EOS [B], hit stop id [B])."""
+  s = tokens.shape[1]
+  cols = jnp.arange(s)[None, :]
+  inside = cols < length[:, None]
+  eos = inside & jnp.any(tokens[..., None] == knobs.eos_ids[:, None, :], axis=-1)
+  stop = inside & jnp.any(tokens[..., None] == knobs.stop_ids[:, None, :], axis=-1)
+  ends = eos | stop
+  first = jnp.where(jnp.any(ends, axis=1), jnp.argmax(ends, axis=1) + 1, length)
+  cut = jnp.minimum(first, jnp.maximum(budget, 0))
+  at = jnp.maximum(cut - 1, 0)[:, None]
+  hit_eos = jnp.take_along_axis(eos, at, axis=1)[:, 0] & (cut == first)
+  hit_stop = jnp.take_along_axis(stop, at, axis=1)[:, 0] & (cut == first)
+  return cut.astype(jnp.int32), hit_eos & (cut > 0), hit_stop & (cut > 0)
+
+
+def verify_step(engine, params, st: ds.DecodeState) -> ds.DecodeState:
+  """Feed [x, drafts], accept, commit, draft again, update per-row bookkeeping."""
+  model, s = engine.model, engine.max_steps
+  b = st.group_tokens.shape[0]
+  active = ~st.done
+  pending, num_drafts = st.group_tokens, jnp.where(active, st.group_len - 1, 0)
+  groups = jnp.zeros((b, s, s), jnp.int32).at[..., 0].set(pending)
+  positions = st.position[:, None] + jnp.arange(s, dtype=jnp.int32)[None, :]
+  features, cache = model.forward(params, groups, jnp.ones((b, s), jnp.int32), positions,
+                                  st.cache, jnp.where(active, st.slot, 0), True)
+  logits = model.heads(params, features[:, :, -1].reshape(b * s, -1))[0].reshape(b, s, -1)
+  keys = jax.vmap(jax.random.fold_in)(st.rng, st.macro_steps)
+  sampling = st.knobs.sampling
+
+  def greedy():
+    return accept_greedy(logits, pending, num_drafts)
+
+  def sampled():
+    p = _per_position(processed_probs, logits, sampling)
+    q = draft_probs(model, params, st.draft_hidden, sampling)
+    return accept_sampled(p, q, pending, num_drafts, keys)
+
+  accepted, nxt, flags = jax.lax.cond(jnp.all(sampling.temperature <= 0.0), greedy, sampled)
+  tokens = _committed(pending, accepted, nxt)
+  budget = st.knobs.max_new_tokens - st.num_out
+  length, hit_eos, hit_stop = _cut(tokens, accepted + 1, st.knobs, budget)
+  length = jnp.where(active, length, 0)
+  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  tok_logprob = jnp.take_along_axis(logp, tokens[..., None], axis=2)[..., 0]
+  tok_logit = jnp.take_along_axis(logits, tokens[..., None], axis=2)[..., 0].astype(jnp.float32)
+
+  num_out = st.num_out + length
+  rows = jnp.arange(b)
+  feats = features[rows, accepted]                                         # [B, F, D]
+  draft_st = st.replace(num_out=num_out)
+  next_tokens, next_len, hidden = draft_after(engine, params, feats, nxt, draft_st, keys,
+                                              active & ~hit_eos & ~hit_stop)
+
+  write = lambda buf, values: ds.masked_set(buf, st.num_out - st.out_start, values, length)
+  group_ids = jnp.broadcast_to(st.macro_steps[:, None], tokens.shape)
+  hit_len = active & (num_out >= st.knobs.max_new_tokens)
+  slot = st.slot + length
+  full = active & (slot + s > engine.cache_length)
+  hit_eos, hit_stop = active & hit_eos, active & hit_stop
+  reason = jnp.select([hit_eos, hit_stop, hit_len, full],
+                      [ds.EOS, ds.STOP, ds.LENGTH, ds.BUFFER_FULL], ds.RUNNING)
+  # Per draft index: reached (proposed, every earlier draft accepted) and accepted.
+  earlier = jnp.concatenate([jnp.ones((b, 1), bool), flags[:, :-1]], axis=1)
+  reached = (jnp.arange(1, s)[None, :] <= num_drafts[:, None]) & earlier
+  counts = (st.draft_counts.at[:, 0, 1:].add(reached.astype(jnp.int32))
+            .at[:, 1, 1:].add(flags.astype(jnp.int32)))
+  keep = lambda new, old: jnp.where(active.reshape((b,) + (1,) * (new.ndim - 1)), new, old)
+  return st.replace(
+      cache=cache, slot=slot, position=st.position + length,
+      group_tokens=keep(next_tokens, st.group_tokens), group_len=keep(next_len, st.group_len),
+      draft_hidden=keep(hidden, st.draft_hidden), draft_counts=counts,
+      out_tokens=write(st.out_tokens, tokens), out_group=write(st.out_group, group_ids),
+      out_logprob=write(st.out_logprob, tok_logprob), out_logit=write(st.out_logit, tok_logit),
+      out_stop=write(st.out_stop, jnp.zeros_like(tok_logit)), num_out=num_out,
+      macro_steps=st.macro_steps + active, done=st.done | hit_eos | hit_stop | hit_len | full,
+      finish=jnp.where(active, reason, st.finish).astype(jnp.int32), iteration=st.iteration + 1)
