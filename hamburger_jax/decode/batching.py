@@ -107,20 +107,25 @@ class ContinuousBatcher:
   skips the embedder's merge and the merge adapter (`compaction.skips_unmerged`; None: on CPU).
   Prefill lengths are padded to power-of-two buckets of at least `min_prompt_bucket`.
   draft_vocab: token ids [K] that drafts choose from (`decode/draft_vocab.py`); None: all.
+  verify: verified decoding (`decode/verify.py`): every answer is the base's own.
   """
 
   def __init__(self, cfg, params, *, base: bool = False, num_slots: int = 8,
                cache_length: int = 1024, chunk_steps: int = 8, eos_ids=(),
                micro_policy: str = "all", min_prompt_bucket: int = 16,
                compact_micro_steps: bool | None = None,
-               skip_unmerged: bool | None = None, draft_vocab=None):
+               skip_unmerged: bool | None = None, draft_vocab=None, verify: bool = False):
     for name, value in (("num_slots", num_slots), ("cache_length", cache_length),
                         ("chunk_steps", chunk_steps)):
       if value < 1:
         raise DecodeInputError(f"{name} must be >= 1, got {value}.")
     model, params = decode_model(cfg, params, base, draft_vocab)
-    self.engine = lp.DecodeEngine(model, cache_length, chunk_steps * model.max_steps,
-                                  compact_micro_steps, skip_unmerged)
+    if verify and model.max_steps == 1:
+      raise DecodeInputError("Verified decoding needs a HAMburger model with micro steps (not "
+                             "the base alone).")
+    spare = model.max_steps - 1 if verify else 0      # a verify forward writes S slots
+    self.engine = lp.DecodeEngine(model, cache_length + spare, chunk_steps * model.max_steps,
+                                  compact_micro_steps, skip_unmerged, verify)
     self.params = jax.device_put(params)
     self.scorer = prompt_scorer(model, self.params, cache_length)   # prompts' log-probs
     self.eos_ids = tuple(int(e) for e in eos_ids) or tuple(model.llama.eos_token_ids)
@@ -221,7 +226,7 @@ class ContinuousBatcher:
 
   def prompt_bucket(self, prompt_len: int) -> int:
     """The prefill length of a prompt of this many tokens (one admission compile per bucket)."""
-    return min(next_pow2(prompt_len - 1, self.min_prompt_bucket), self.engine.cache_length)
+    return min(next_pow2(prompt_len - 1, self.min_prompt_bucket), self.max_prompt_len)
 
   def _collect(self, slot: int, view: dict) -> Event:
     """The event of the request in `slot` from the chunk's host view; frees finished slots."""

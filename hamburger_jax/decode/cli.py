@@ -62,6 +62,7 @@ class DecodeArgs:
   stream_steps: int = 4             # macro steps per streamed chunk
   make_tiny_checkpoint: str | None = None  # write a random tiny checkpoint here and exit
   compare_base: bool = False        # also decode with the base alone; print both and the ratios
+  verify: bool = False              # verified decoding: the base checks the drafts (its answer)
 
 
 def check_args(a: DecodeArgs) -> None:
@@ -84,6 +85,9 @@ def check_args(a: DecodeArgs) -> None:
     raise UsageError("Give --prompt or --prompt_file, not both.")
   if a.stream_steps < 1:
     raise UsageError(f"--stream_steps must be >= 1, got {a.stream_steps}.")
+  if a.verify and a.base:
+    raise UsageError("--verify checks HAMburger's drafts with the base; --base has no drafts: "
+                     "give one of them.")
 
 
 def _utf8_lines(raw: bytes, what: str) -> list[str]:
@@ -160,7 +164,8 @@ def _samplers(a: DecodeArgs, d: Decodable, prompts):
   out_length = -(-a.max_new_tokens // 64) * 64
   check_buffer_memory(d.llama, len(prompts), cache_length)
   sampler = Sampler(d.config, d.params, base=d.base_only, cache_length=cache_length,
-                    out_length=out_length, eos_ids=d.eos_ids, draft_vocab=d.draft_vocab)
+                    out_length=out_length, eos_ids=d.eos_ids, draft_vocab=d.draft_vocab,
+                    verify=a.verify and not d.base_only)
   sampler.check_prompts(prompts)
   knobs = dict(max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_k=a.top_k,
                top_p=a.top_p, seed=a.seed,
@@ -205,7 +210,7 @@ def _run(a: DecodeArgs, stdout: TextIO, stderr: TextIO, stdin: TextIO) -> int:
   sampler, base_sampler, knobs = _samplers(a, d, prompts)
   printer = Printer(d.tokenizer, a.show_groups, a.show_groups and not a.json and stdout.isatty())
   result, base_result = _decode(a, sampler, base_sampler, knobs, prompts, printer, stdout)
-  stats = dict(result.stats(), mode="base" if d.base_only else "hamburger")
+  stats = dict(result.stats(), mode="base" if d.base_only else "verify" if a.verify else "hamburger")
   if base_result is not None:
     stats["base"] = base_comparison(result, base_result)
   if a.json:
@@ -254,6 +259,9 @@ _HELP = {
     "make_tiny_checkpoint": "write a random tiny HAMburger checkpoint to this directory and exit",
     "compare_base": "also decode with the base model alone in the same run; print its text and "
                     "the speed / KV-entry ratios",
+    "verify": "verified decoding: the base checks the micro decoder's drafts in its next forward, "
+              "so the answer is the base's own (greedy: token for token) in fewer forwards; "
+              "--show_groups marks the tokens of each forward",
 }
 
 

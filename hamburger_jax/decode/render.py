@@ -85,8 +85,14 @@ def stream_one(sampler: Sampler, prompt, printer: Printer, knobs: dict, chunk_st
 
 
 def summary(stats: dict) -> str:
-  return (f"{stats['new_tokens']} new tokens in {stats['macro_steps']} macro steps "
-          f"({stats['tokens_per_macro_step']:.2f} tokens/step); KV slots {stats['kv_slots_used']} "
+  unit = "base forwards" if stats.get("mode") == "verify" else "macro steps"
+  accept = ""
+  if stats.get("acceptance"):
+    accept = "; draft acceptance " + "/".join("-" if a is None else f"{a:.2f}"
+                                                for a in stats["acceptance"])
+  return (f"{stats['new_tokens']} new tokens in {stats['macro_steps']} {unit} "
+          f"({stats['tokens_per_macro_step']:.2f} tokens/step{accept}); "
+          f"KV slots {stats['kv_slots_used']} "
           f"(plain decoding: {stats['kv_slots_base']}); prefill {stats['prefill_s'] * 1e3:.1f} ms; "
           f"decode {stats['decode_tokens_per_s']:.1f} tokens/s; "
           f"compile {stats['compile_s']:.1f} s; "

@@ -19,6 +19,8 @@ The loop state is `DecodeState` with these meanings:
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -163,7 +165,29 @@ def draft_after(engine, params, feats, first, st: ds.DecodeState, keys, running)
   return jax.lax.cond(jnp.any(go_on), drafts, lambda _: (tokens, length, hidden), None)
 
 
-# --- one verified step -----------------------------------------------------------------------------
+# --- one verified step ---------------------------------------------------------------------------
+
+def forward_widths(max_steps: int) -> tuple[int, ...]:
+  """The static widths a verify forward runs at: 1, 2, 4, .. up to S (the batch's longest
+  pending input picks the smallest that holds it, so a step without drafts costs a plain one)."""
+  return tuple(sorted({min(1 << i, max_steps) for i in range(max_steps.bit_length())}
+                      | {max_steps}))
+
+
+def _forward_width(engine, params, width: int, st: ds.DecodeState, pending, active):
+  """The base forward of pending[:, :width], one slot and position each -> (features
+  [B, S, F, D], logits [B, S, V] f32, cache), zero-padded from `width` to S."""
+  model, s = engine.model, engine.max_steps
+  b = pending.shape[0]
+  groups = jnp.zeros((b, width, s), jnp.int32).at[..., 0].set(pending[:, :width])
+  positions = st.position[:, None] + jnp.arange(width, dtype=jnp.int32)[None, :]
+  features, cache = model.forward(params, groups, jnp.ones((b, width), jnp.int32), positions,
+                                  st.cache, jnp.where(active, st.slot, 0), True)
+  logits = model.heads(params, features[:, :, -1].reshape(b * width, -1))[0]
+  logits = logits.reshape(b, width, -1).astype(jnp.float32)
+  pad = lambda x: jnp.pad(x, [(0, 0), (0, s - width)] + [(0, 0)] * (x.ndim - 2))
+  return pad(features), pad(logits), cache
+
 
 def _committed(pending, accepted, nxt):
   """[B, S]: the accepted drafts d1..da, then the base's token, zero-padded (length a + 1)."""
@@ -197,11 +221,10 @@ def verify_step(engine, params, st: ds.DecodeState) -> ds.DecodeState:
   b = st.group_tokens.shape[0]
   active = ~st.done
   pending, num_drafts = st.group_tokens, jnp.where(active, st.group_len - 1, 0)
-  groups = jnp.zeros((b, s, s), jnp.int32).at[..., 0].set(pending)
-  positions = st.position[:, None] + jnp.arange(s, dtype=jnp.int32)[None, :]
-  features, cache = model.forward(params, groups, jnp.ones((b, s), jnp.int32), positions,
-                                  st.cache, jnp.where(active, st.slot, 0), True)
-  logits = model.heads(params, features[:, :, -1].reshape(b * s, -1))[0].reshape(b, s, -1)
+  widths = forward_widths(s)
+  width = jnp.sum(jnp.asarray(widths) < 1 + jnp.max(num_drafts))   # the smallest that holds all
+  branches = [functools.partial(_forward_width, engine, params, w) for w in widths]
+  features, logits, cache = jax.lax.switch(width, branches, st, pending, active)
   keys = jax.vmap(jax.random.fold_in)(st.rng, st.macro_steps)
   sampling = st.knobs.sampling
 

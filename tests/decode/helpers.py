@@ -96,3 +96,25 @@ def check_against_teacher_forcing(cfg, params, prompt, result, row, confidence, 
           decisions += 1
       i += 1
   return decisions
+
+
+@functools.lru_cache(maxsize=None)
+def drafting_model(micro_scale: float = 0.3):
+  """(cfg, params): small_model whose micro decoder drafts like the base often, but not always.
+
+  The micro decoder's layers have their output projections scaled by `micro_scale` (0: a draft
+  is the base's next-token choice for the token before it, before the context's effect), and
+  the stop head always continues, so verified decoding sees a mix of accepted and rejected
+  drafts of every index.
+  """
+  cfg, params = small_model(0)
+
+  def adjust(path, x):
+    key = jax.tree_util.keystr(path)
+    if "micro_decoder" in key and ("o_proj" in key or "down_proj" in key):
+      return x * micro_scale
+    if "stop_head" in key and "dense_2" in key and "bias" in key:
+      return x - 20.0
+    return x
+
+  return cfg, jax.tree_util.tree_map_with_path(adjust, params)

@@ -1,0 +1,221 @@
+"""Verified decoding (decode/verify.py): the base checks the drafts; the answer is the base's."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats as scipy_stats
+
+from hamburger_jax.decode import loop as lp
+from hamburger_jax.decode import state as ds
+from hamburger_jax.decode import verify
+from hamburger_jax.decode.batching import ContinuousBatcher, Request
+from hamburger_jax.decode.sampler import Sampler
+from hamburger_jax.decode.sampling import SamplingParams
+from hamburger_jax.model.llama import LlamaModel
+from tests.decode.helpers import CACHE_LENGTH, OUT_LENGTH, drafting_model
+
+PROMPTS = [[1, 5, 7], [3, 9, 11, 2, 4], [7], [8, 8, 8, 8], [2] * 20, [100, 3], [17] * 9,
+           [200, 201, 202]]
+
+
+@functools.lru_cache(maxsize=None)
+def _samplers():
+  cfg, params = drafting_model()
+  base = Sampler(cfg, params, base=True, cache_length=CACHE_LENGTH, out_length=OUT_LENGTH)
+  verified = Sampler(cfg, params, cache_length=CACHE_LENGTH, out_length=OUT_LENGTH, verify=True)
+  return base, verified
+
+
+@pytest.mark.parametrize("rows", [1, 8])
+@pytest.mark.parametrize("confidence", [0.5, 0.97])
+def test_verified_greedy_is_the_base_token_for_token(rows, confidence):
+  base, verified = _samplers()
+  prompts = PROMPTS[:rows]
+  want = base.decode(prompts, max_new_tokens=24)
+  got = verified.decode(prompts, max_new_tokens=24, confidence=confidence)
+  assert got.tokens == want.tokens
+  assert got.finish_reasons == want.finish_reasons
+  assert got.prompt_lengths == [len(p) for p in prompts]
+  st = got.stats()
+  assert st["kv_slots_used"] == st["kv_slots_base"]
+  reached, accepted = got.draft_counts
+  assert sum(accepted) > 0 and sum(accepted) < sum(reached)     # drafts accepted AND rejected
+  assert st["tokens_per_forward"] == pytest.approx(st["new_tokens"] / sum(got.macro_steps))
+  if confidence == 0.5:
+    assert st["tokens_per_forward"] > 1.3
+  # Every forward's tokens are one group: the accepted drafts plus the base's own token.
+  for r in range(rows):
+    assert sum(got.group_sizes[r]) == len(got.tokens[r])
+    assert all(1 <= g <= 4 for g in got.group_sizes[r])
+
+
+def test_verified_decoding_ends_at_eos_stop_ids_and_budget_as_the_base():
+  base, verified = _samplers()
+  ref = base.decode(PROMPTS, max_new_tokens=24)
+  eos = ref.tokens[1][5]                 # a token the base emits mid-answer
+  stop = ref.tokens[4][7]
+  want = base.decode(PROMPTS, max_new_tokens=13, eos_ids=[eos], stop_ids=[stop])
+  got = verified.decode(PROMPTS, max_new_tokens=13, eos_ids=[eos], stop_ids=[stop],
+                        confidence=0.5)
+  assert got.tokens == want.tokens and got.finish_reasons == want.finish_reasons
+  assert "eos" in got.finish_reasons and "length" in got.finish_reasons
+
+
+def test_verified_decoding_fills_the_buffer_as_the_base():
+  cfg, params = drafting_model()
+  base = Sampler(cfg, params, base=True, cache_length=24, out_length=32)
+  verified = Sampler(cfg, params, cache_length=24, out_length=32, verify=True)
+  prompts = [[2] * 20, [5, 6]]
+  want = base.decode(prompts, max_new_tokens=30)
+  got = verified.decode(prompts, max_new_tokens=30, confidence=0.5)
+  assert got.tokens == want.tokens and got.finish_reasons == want.finish_reasons
+  assert got.finish_reasons[0] == "buffer_full"
+
+
+def test_knobs_never_recompile_the_verified_loop():
+  _, verified = _samplers()
+  verified.decode(PROMPTS, max_new_tokens=8, confidence=0.5)
+  before = dict(lp.TRACE_COUNTS)
+  for knobs in (dict(confidence=0.9), dict(confidence=0.3, temperature=0.7, top_k=5, seed=3),
+                dict(confidence=0.5, min_token_prob=0.2, max_group=2)):
+    verified.decode(PROMPTS, max_new_tokens=12, **knobs)
+  assert dict(lp.TRACE_COUNTS) == before
+
+
+def test_streaming_yields_the_same_answer():
+  _, verified = _samplers()
+  whole = verified.decode(PROMPTS[:2], max_new_tokens=20, confidence=0.5)
+  chunks = list(verified.stream(PROMPTS[:2], max_new_tokens=20, confidence=0.5, chunk_steps=2))
+  assert chunks[-1].tokens == whole.tokens and len(chunks) > 1
+
+
+def test_rejected_drafts_kv_entries_never_influence_later_tokens():
+  """Poisons every KV slot at and after each row's next write slot (rejected drafts' entries
+  among them) after every verified step: the answer does not change."""
+  base, verified = _samplers()
+  engine = verified.engine
+
+  def poisoned_step(params, st):
+    st = verify.verify_step(engine, params, st)
+    slots = jnp.arange(engine.cache_length)[None, :, None]
+    after = slots >= st.slot[:, None, None]
+    poison = lambda x: jnp.where(after, jnp.asarray(1e4, x.dtype), x)
+    return st.replace(cache=jax.tree_util.tree_map(poison, st.cache))
+
+  def run(params, st):
+    return jax.lax.while_loop(lambda s: ~jnp.all(s.done), functools.partial(poisoned_step, params),
+                              st)
+
+  state, rows = verified.start(PROMPTS, max_new_tokens=24, confidence=0.5)
+  host = ds.to_host(jax.jit(run)(verified.params, state))
+  got = ds.DecodeResult.from_state(host, rows)
+  assert got.tokens == base.decode(PROMPTS, max_new_tokens=24).tokens
+  assert sum(got.draft_counts[1]) > 0
+
+
+def test_continuous_batching_verifies_each_request_as_alone():
+  cfg, params = drafting_model()
+  base, _ = _samplers()
+  batcher = ContinuousBatcher(cfg, params, num_slots=4, cache_length=CACHE_LENGTH,
+                              chunk_steps=3, verify=True)
+  lengths = [5, 17, 9, 24, 3, 12, 20, 8]
+  done = batcher.generate([Request(prompt_ids=p, max_new_tokens=n, confidence=0.5)
+                           for p, n in zip(PROMPTS, lengths)])
+  for c, p, n in zip(done, PROMPTS, lengths):
+    assert c.tokens == base.decode([p], max_new_tokens=n).tokens[0]
+  assert any(max(c.group_sizes) > 1 for c in done)      # drafts were accepted
+
+
+# --- the acceptance rules on known distributions --------------------------------------------------
+
+def test_accept_greedy_takes_the_longest_agreeing_prefix():
+  v = 6
+  argmax = np.array([[2, 3, 4, 5], [1, 1, 1, 1]])            # the base's choice after each input
+  logits = jax.nn.one_hot(argmax, v) * 5.0
+  pending = jnp.array([[9, 2, 3, 0], [9, 1, 4, 1]])
+  accepted, nxt, flags = verify.accept_greedy(logits, pending, jnp.array([3, 3]))
+  assert accepted.tolist() == [2, 1] and nxt.tolist() == [4, 1]
+  assert flags.tolist() == [[True, True, False], [True, False, False]]
+  accepted, nxt, _ = verify.accept_greedy(logits, pending, jnp.array([1, 0]))
+  assert accepted.tolist() == [1, 0] and nxt.tolist() == [3, 1]    # drafts beyond k never count
+
+
+def test_accept_sampled_follows_the_rule():
+  v = 4
+  p0 = jnp.array([[0.5, 0.5, 0.0, 0.0], [0.25] * 4, [0.25] * 4])      # the base after input 0
+  p = jnp.stack([p0, jnp.full((3, v), 0.25)], axis=1)                  # [3, S=2, V]
+  q = jnp.zeros((3, 2, v))
+  q = q.at[0, 1].set(jnp.array([0.5, 0.5, 0.0, 0.0]))   # q == p: always accepted
+  q = q.at[1, 1].set(jnp.array([0.0, 0.0, 1.0, 0.0]))   # q(d) = 1 > p(d): accepted w.p. 1/4
+  q = q.at[2, 1].set(jnp.array([0.0, 0.0, 1.0, 0.0]))
+  pending = jnp.array([[7, 1], [7, 2], [7, 2]])
+  counts = np.zeros(v)
+  for seed in range(200):
+    keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.PRNGKey(seed), i))(jnp.arange(3))
+    accepted, nxt, _ = verify.accept_sampled(p, q, pending, jnp.array([1, 1, 0]), keys)
+    assert int(accepted[0]) == 1 and int(accepted[2]) == 0      # no draft: nothing to accept
+    if int(accepted[1]) == 0:
+      counts[int(nxt[1])] += 1                                  # the residual max(p - q, 0)
+  assert counts[2] == 0 and counts[[0, 1, 3]].min() > 20        # never the rejected draft
+  assert 200 - counts.sum() == pytest.approx(50, abs=25)        # ~1/4 accepted
+
+
+def test_processed_probs_are_one_hot_for_greedy_rows():
+  logits = jnp.array([[0.0, 2.0, 1.0], [0.0, 2.0, 1.0]])
+  sampling = SamplingParams(jnp.array([0.0, 1.0]), jnp.array([0, 2]), jnp.array([1.0, 1.0]))
+  probs = verify.processed_probs(logits, sampling)
+  np.testing.assert_allclose(probs[0], [0, 1, 0])
+  np.testing.assert_allclose(probs[1], [0, np.e / (np.e + 1), 1 / (np.e + 1)], rtol=1e-5)
+
+
+# --- sampling: the base's distribution --------------------------------------------------------------
+
+def _base_pair_probs(cfg, params, prompt, top_k):
+  """Exact P(t1, t2) of sampling the base at temperature 1 with top-k: {(t1, t2): prob}."""
+  model = LlamaModel(cfg.base)
+  sampling = SamplingParams(jnp.ones((1,)), jnp.full((1,), top_k), jnp.ones((1,)))
+
+  def dist(tokens):
+    logits = model.apply({"params": params["base"]}, jnp.asarray([tokens])).logits[0, -1]
+    return np.asarray(verify.processed_probs(logits[None].astype(jnp.float32), sampling)[0])
+
+  out = {}
+  p1 = dist(prompt)
+  for t1 in np.flatnonzero(p1):
+    p2 = dist(prompt + [int(t1)])
+    for t2 in np.flatnonzero(p2):
+      out[(int(t1), int(t2))] = p1[t1] * p2[t2]
+  return out
+
+
+@pytest.mark.slow
+def test_verified_sampling_reproduces_the_base_distribution():
+  """Chi-square goodness of fit of the first two tokens (the second one is a verified draft or
+  the rule's residual draw) against the base's exact distribution, 4096 samples, p > 1e-3.
+  The same test rejects HAMburger's own (unverified) sampling, so it has the power to fail."""
+  cfg, params = drafting_model(0.6)
+  prompt, top_k, n = [3, 9, 11], 3, 4096
+  exact = _base_pair_probs(cfg, params, prompt, top_k)
+  keys = sorted(exact)
+
+  def p_value(sampler, **knobs):
+    counts = dict.fromkeys(keys, 0)
+    for seed in range(n // 1024):
+      result = sampler.decode([prompt] * 1024, max_new_tokens=2, temperature=1.0, top_k=top_k,
+                              seed=seed, confidence=0.3, eos_ids=[], **knobs)
+      for t in result.tokens:
+        if tuple(t) not in counts:
+          return 0.0                       # a pair the base never samples
+        counts[tuple(t)] += 1
+    observed = np.array([counts[k] for k in keys], float)
+    expected = np.array([exact[k] for k in keys], float)
+    expected *= observed.sum() / expected.sum()
+    return scipy_stats.chisquare(observed, expected).pvalue
+
+  verified = Sampler(cfg, params, cache_length=16, out_length=4, verify=True)
+  merged = Sampler(cfg, params, cache_length=16, out_length=4)
+  assert p_value(verified) > 1e-3
+  assert p_value(merged, max_group=2) < 1e-6
