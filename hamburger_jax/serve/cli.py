@@ -3,8 +3,8 @@
     python -m hamburger_jax.serve --ckpt smollm2 --port 8000
     python serve.py --ckpt /tmp/tiny_ckpt --token_ids --engine serial
 
-Checkpoints load as in decode.py (`--ckpt smollm2` is the shipped model with its tokenizer and
-system prompt). Bad arguments exit with code 2 and one line on stderr. SIGTERM (or Ctrl-C) stops
+Checkpoints load with `decode.checkpoint.open_checkpoint`, as in decode.py (`--ckpt smollm2` is
+the shipped model with its tokenizer and system prompt). Bad arguments exit with code 2 and one line on stderr. SIGTERM (or Ctrl-C) stops
 taking connections, answers new requests on open ones with 503, lets running requests finish for
 up to --shutdown_timeout seconds (then answers them with an error) and exits with code 0.
 """
@@ -16,22 +16,23 @@ import dataclasses
 import logging
 import os
 import signal
+import socket
 import sys
 from typing import Sequence
 
 from hamburger_jax.convert import CheckpointError
-from hamburger_jax.decode import cli as decode_cli
+from hamburger_jax.decode.checkpoint import code_fence_ids, open_checkpoint, resolve_knobs
+from hamburger_jax.decode.prompts import UsageError
 from hamburger_jax.decode.sampler import DecodeInputError
 from hamburger_jax.model.config import HamburgerConfig
+from hamburger_jax.serve import app as app_limits
 from hamburger_jax.serve import engines
+from hamburger_jax.serve import http
+from hamburger_jax.serve import service as service_limits
 from hamburger_jax.serve.protocol import Limits
 from hamburger_jax.serve.service import Service
 from hamburger_jax.serve.worker import EngineWorker
 from hamburger_jax.text.tokenizer import TokenizerError
-
-
-class UsageError(ValueError):
-  """A bad command line (the message says what to change)."""
 
 
 def _flag(default, help_text: str):
@@ -82,6 +83,18 @@ class ServeArgs:
   shutdown_timeout: float = _flag(30.0, "seconds running requests get after SIGTERM")
   warmup: bool = _flag(True, "compile with one short request before listening")
   log_level: str = _flag("info", "uvicorn log level")
+  verify: bool = _flag(False, "verified decoding: the base checks the micro decoder's drafts, so "
+                              "every answer is the base model's own (greedy: token for token)")
+  max_body_bytes: int = _flag(app_limits.MAX_BODY_BYTES, "largest request body (413 above it)")
+  chars_per_token: int = _flag(
+      service_limits.CHARS_PER_TOKEN, "prompts longer than this many characters per KV slot are "
+                                      "refused (context_length_exceeded) before tokenizing")
+  max_tokenize_chars: int = _flag(service_limits.MAX_TOKENIZE_CHARS,
+                                  "longest text /tokenize accepts")
+  header_timeout: float = _flag(http.HEADER_TIMEOUT_S, "seconds a client has to send its headers")
+  body_timeout: float = _flag(http.BODY_TIMEOUT_S, "seconds a client has to send its body")
+  keep_alive_timeout: float = _flag(http.KEEP_ALIVE_S, "seconds an idle connection stays open")
+  max_header_bytes: int = _flag(http.MAX_HEADER_BYTES, "largest request head")
 
 
 def check_args(a: ServeArgs) -> None:
@@ -92,7 +105,8 @@ def check_args(a: ServeArgs) -> None:
   if a.engine not in engines.ENGINES:
     raise UsageError(f"--engine must be one of {engines.ENGINES}, got {a.engine!r}.")
   positive = ("num_slots", "cache_length", "chunk_steps", "min_prompt_bucket", "max_queue",
-              "default_max_tokens")
+              "default_max_tokens", "max_body_bytes", "chars_per_token", "max_tokenize_chars",
+              "max_header_bytes")
   for name in positive:
     if getattr(a, name) < 1:
       raise UsageError(f"--{name} must be >= 1, got {getattr(a, name)}.")
@@ -100,21 +114,39 @@ def check_args(a: ServeArgs) -> None:
     raise UsageError(f"--port must be in 1..65535, got {a.port}.")
   if a.max_tokens < 0:
     raise UsageError(f"--max_tokens must be >= 0 (0 = --cache_length), got {a.max_tokens}.")
-  if not (a.request_timeout > 0 and a.shutdown_timeout > 0):
-    raise UsageError("--request_timeout and --shutdown_timeout must be > 0.")
+  for name in ("request_timeout", "shutdown_timeout", "header_timeout", "body_timeout",
+               "keep_alive_timeout"):
+    if not 0 < getattr(a, name) < float("inf"):
+      raise UsageError(f"--{name} must be a number of seconds > 0, got {getattr(a, name)}.")
+  if a.verify and a.base:
+    raise UsageError("--verify checks HAMburger's drafts with the base; --base has no drafts: "
+                     "give one of them.")
   if not 0 <= a.temperature <= 2 or not (a.confidence is None or 0 < a.confidence <= 1):
     raise UsageError("--temperature must be in [0, 2] and --confidence in (0, 1].")
   if a.min_token_prob is not None and not 0 <= a.min_token_prob <= 1:
     raise UsageError(f"--min_token_prob must be in [0, 1], got {a.min_token_prob}.")
 
 
+def check_port_free(host: str, port: int) -> None:
+  """UsageError naming the port when nothing can listen on host:port."""
+  with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+      probe.bind((host, port))
+    except OSError as e:
+      raise UsageError(f"Cannot listen on {host}:{port} ({e.strerror}): stop what uses the port "
+                       "or pass another --port / --host.") from None
+
+
 def default_model_id(ckpt: str) -> str:
   return "hamburger-" + os.path.basename(os.path.normpath(ckpt))
 
 
-def service_for(engine, cfg, tokenizer, a: ServeArgs) -> Service:
-  """The Service around `engine` (of kind a.engine; its worker not started yet)."""
-  a = decode_cli.with_default_knobs(a, {})   # build() has put the checkpoint's in already
+def service_for(engine, cfg, tokenizer, a: ServeArgs,
+                fence_ids: tuple[int, ...] | None = None) -> Service:
+  """The Service around `engine` (of kind a.engine; its worker not started yet). fence_ids:
+  code-fence ids (None: the tokenizer's when a.code_fences)."""
+  a = dataclasses.replace(a, **resolve_knobs(vars(a), {}))   # build() put the checkpoint's in
   limit = a.max_tokens or a.cache_length
   limits = Limits(max_tokens=limit, default_max_tokens=min(a.default_max_tokens, limit),
                   default_temperature=a.temperature, default_confidence=a.confidence,
@@ -125,9 +157,10 @@ def service_for(engine, cfg, tokenizer, a: ServeArgs) -> Service:
                  a.model_id or default_model_id(a.ckpt), tokenizer=tokenizer,
                  vocab_size=llama.vocab_size, max_prompt_len=engine.max_prompt_len,
                  limits=limits, request_timeout=a.request_timeout, system=a.system,
-                 engine_name=a.engine,
-                 fence_ids=decode_cli.code_fence_ids(a, tokenizer, a.base or not isinstance(
-                     cfg, HamburgerConfig)))
+                 engine_name=a.engine, chars_per_token=a.chars_per_token,
+                 max_tokenize_chars=a.max_tokenize_chars,
+                 fence_ids=code_fence_ids(tokenizer, a.code_fences, a.base or not isinstance(
+                     cfg, HamburgerConfig)) if fence_ids is None else fence_ids)
 
 
 def warm_up(engine) -> None:
@@ -138,25 +171,21 @@ def warm_up(engine) -> None:
 
 
 def build(a: ServeArgs) -> Service:
-  """Loads the checkpoint and tokenizer and builds the engine and the Service."""
+  """Loads the checkpoint and tokenizer (`open_checkpoint`) and builds the engine and Service."""
   check_args(a)
-  dargs = decode_cli.resolve_args(decode_cli.DecodeArgs(
-      ckpt=a.ckpt, base_config=a.base_config, tokenizer=a.tokenizer, token_ids=a.token_ids,
-      system=a.system, confidence=a.confidence, min_token_prob=a.min_token_prob))
-  tokenizer = decode_cli.load_tokenizer(dargs)
-  cfg, params, base_only = decode_cli.load_checkpoint(
-      dataclasses.replace(dargs, base=a.base))
-  llama = cfg.base if isinstance(cfg, HamburgerConfig) else cfg
+  d = open_checkpoint(a.ckpt, base_config=a.base_config, tokenizer=a.tokenizer, base=a.base,
+                      token_ids=a.token_ids, draft_vocab=a.draft_vocab,
+                      code_fences=a.code_fences, system=a.system)
   engine = engines.make_engine(
-      a.engine, cfg, params, base=base_only, num_slots=a.num_slots, cache_length=a.cache_length,
-      chunk_steps=a.chunk_steps, eos_ids=tuple(llama.eos_token_ids),
-      micro_policy=a.micro_policy, min_prompt_bucket=a.min_prompt_bucket,
-      compact_micro_steps=a.compact_micro_steps,
-      draft_vocab=None if base_only else decode_cli.load_draft_vocab(a, cfg))
+      a.engine, d.config, d.params, base=d.base_only, num_slots=a.num_slots,
+      cache_length=a.cache_length, chunk_steps=a.chunk_steps,
+      eos_ids=tuple(d.llama.eos_token_ids), micro_policy=a.micro_policy,
+      min_prompt_bucket=a.min_prompt_bucket, compact_micro_steps=a.compact_micro_steps,
+      draft_vocab=d.draft_vocab, verify=a.verify and not d.base_only)
   if a.warmup:
     warm_up(engine)
-  return service_for(engine, cfg, tokenizer, dataclasses.replace(
-      a, system=dargs.system, confidence=dargs.confidence, min_token_prob=dargs.min_token_prob))
+  return service_for(engine, d.config, d.tokenizer, dataclasses.replace(
+      a, system=d.system, **resolve_knobs(vars(a), d.knob_defaults)), d.fence_ids)
 
 
 def serve(service: Service, a: ServeArgs) -> None:
@@ -170,8 +199,11 @@ def serve(service: Service, a: ServeArgs) -> None:
         service.start_draining(max(a.shutdown_timeout - 1.0, a.shutdown_timeout / 2))
       super().handle_exit(sig, frame)
 
-  config = uvicorn.Config(create_app(service), host=a.host, port=a.port, log_level=a.log_level,
-                          timeout_graceful_shutdown=a.shutdown_timeout)
+  config = uvicorn.Config(create_app(service, max_body_bytes=a.max_body_bytes), host=a.host,
+                          port=a.port, log_level=a.log_level,
+                          timeout_graceful_shutdown=a.shutdown_timeout,
+                          **http.uvicorn_options(a.header_timeout, a.body_timeout,
+                                                 a.keep_alive_timeout, a.max_header_bytes))
   # uvicorn re-raises the stop signal after its graceful shutdown: by then the work is done.
   signal.signal(signal.SIGTERM, signal.SIG_IGN)
   _Server(config).run()
@@ -204,9 +236,10 @@ def main(argv: Sequence[str] | None = None) -> int:
   logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
   try:
     a = parse_args(sys.argv[1:] if argv is None else argv)
+    check_args(a)
+    check_port_free(a.host, a.port)          # before minutes of loading and compiling
     service = build(a)
-  except (UsageError, DecodeInputError, CheckpointError, TokenizerError, ValueError,
-          decode_cli.UsageError) as e:
+  except (UsageError, DecodeInputError, CheckpointError, TokenizerError, ValueError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   serve(service, a)

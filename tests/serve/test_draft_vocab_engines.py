@@ -3,6 +3,8 @@ sampler alone does with it, and the flag parses."""
 
 from __future__ import annotations
 
+import pytest
+
 from hamburger_jax.decode.sampler import Sampler
 from hamburger_jax.serve import engines
 from hamburger_jax.serve.cli import parse_args
@@ -22,6 +24,7 @@ def _decode(engine, prompt, max_new_tokens):
   return tokens
 
 
+@pytest.mark.slow
 def test_both_engines_draft_from_the_vocabulary_as_the_sampler_does(tiny_model):
   cfg, params = tiny_model
   prompt = [1, 7, 30, 2]
