@@ -56,6 +56,10 @@ class PrepareConfig:
     if self.source.mode != self.tokenize.mode:
       raise ValueError(f"source.mode {self.source.mode!r} and tokenize.mode "
                        f"{self.tokenize.mode!r} differ: set both to 'sft' or both to 'lm'.")
+    for name, low in (("eval_examples", 0), ("seed", 0), ("chunk_size", 1),
+                      ("tokens_per_batch", 1), ("distill_batch_size", 1)):
+      if getattr(self, name) < low:
+        raise ValueError(f"{name} (--{name}) must be >= {low}, got {getattr(self, name)}.")
 
 
 class PrepareResult(NamedTuple):
@@ -67,7 +71,8 @@ class PrepareResult(NamedTuple):
 
 
 def _load_examples(cfg: PrepareConfig, tok: ChatTokenizer, counters):
-  examples = list(tokenize_examples(read_examples(cfg.source, counters), tok, counters))
+  examples = list(tokenize_examples(read_examples(cfg.source, counters), tok, counters,
+                                    cfg.source.on_error))
   if not examples:
     raise DataError(f"No examples left from {cfg.source.inputs!r} after filtering "
                     f"({dict(counters)}): check the field names and max_length.")
@@ -194,21 +199,11 @@ def prepare_dataset(cfg: PrepareConfig, model: tuple[Any, Any] | None = None,
 
   eval_ids = set(np.random.default_rng(cfg.seed).permutation(len(examples))[:cfg.eval_examples]
                  .tolist())
-  def split_fn(want_eval: bool):
-    def gen():
-      i = 0
-      for c in range(n_chunks):
-        for ex in store.load(c):
-          if (i in eval_ids) == want_eval:
-            yield ex
-          i += 1
-    return gen
-
   stats = SegmentStats().add_all(ex for c in range(n_chunks) for ex in store.load(c))
   counters["examples_written"] = stats.examples
-  splits = {"train": split_fn(False)}
+  splits = {"train": _split(store, n_chunks, eval_ids, False)}
   if eval_ids:
-    splits["validation"] = split_fn(True)
+    splits["validation"] = _split(store, n_chunks, eval_ids, True)
   metadata = {"stats": stats.to_dict(), "counters": dict(counters), "template": tok.template,
               "max_steps": cfg.segmentation.max_steps, "vocab_size": tok.vocab_size,
               "settings": settings}
@@ -216,6 +211,18 @@ def prepare_dataset(cfg: PrepareConfig, model: tuple[Any, Any] | None = None,
                                overwrite=cfg.overwrite, progress=progress)
   store.clear()
   return PrepareResult(path, stats.to_dict(), dict(counters), time.time() - start, False)
+
+
+def _split(store: ChunkStore, n_chunks: int, eval_ids: set, want_eval: bool):
+  """A generator function over the stored examples whose index is (not) in eval_ids."""
+  def gen():
+    i = 0
+    for c in range(n_chunks):
+      for ex in store.load(c):
+        if (i in eval_ids) == want_eval:
+          yield ex
+        i += 1
+  return gen
 
 
 def load_model(spec: str, model_path: str | None, vocab_size: int, seed: int = 0):

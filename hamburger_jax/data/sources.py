@@ -70,6 +70,8 @@ class SourceConfig:
       raise ValueError(f"on_error must be 'raise' or 'skip', got {self.on_error!r}.")
     if self.text_unit not in ("line", "paragraph", "file"):
       raise ValueError(f"text_unit must be line, paragraph or file, got {self.text_unit!r}.")
+    if self.max_examples is not None and self.max_examples < 1:
+      raise ValueError(f"max_examples (--max_examples) must be >= 1, got {self.max_examples}.")
 
 
 class _Skip(Exception):
@@ -105,6 +107,13 @@ def _text(value: Any, name: str, where: str) -> str:
   if not isinstance(value, str):
     raise _Skip("bad_field", f"{where}: field {name!r} holds {type(value).__name__}, not text. "
                 "Point the field option at a text field.")
+  if not value.isascii():
+    try:
+      value.encode("utf-8")
+    except UnicodeEncodeError as e:              # a lone surrogate, e.g. JSON's "\ud800"
+      raise _Skip("bad_encoding", f"{where}: field {name!r} holds {value[e.start]!r} at "
+                  f"character {e.start}, which is not valid text (a lone surrogate). Fix the "
+                  "record or set on_error='skip'.") from e
   return value
 
 
@@ -122,7 +131,17 @@ def _from_messages(turns: Any, where: str, flag: str) -> tuple[list[dict[str, st
 
 
 def record_to_example(record: Any, cfg: SourceConfig, where: str) -> RawExample:
-  """One structured record -> RawExample (raises _Skip on a malformed record)."""
+  """One structured record -> RawExample (raises _Skip on a malformed record, whatever fails)."""
+  try:
+    return _record_to_example(record, cfg, where)
+  except _Skip:
+    raise
+  except Exception as e:  # pylint: disable=broad-except  # any other per-record failure
+    raise _Skip("bad_record", f"{where}: the record cannot be read ({type(e).__name__}: "
+                f"{str(e)[:200]}). Fix it or set on_error='skip'.") from e
+
+
+def _record_to_example(record: Any, cfg: SourceConfig, where: str) -> RawExample:
   if not isinstance(record, dict):
     raise _Skip("bad_record", f"{where}: expected an object with fields, got "
                 f"{type(record).__name__}.")

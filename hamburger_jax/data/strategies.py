@@ -46,6 +46,17 @@ def _check_steps(max_steps: int) -> None:
     raise ValueError(f"max_steps must be >= 1, got {max_steps}.")
 
 
+def _check_range(name: str, value: float, lo: float = -math.inf, hi: float = math.inf,
+                 low_open: bool = False) -> None:
+  """ValueError naming `name` (its --flag) unless `value` is a finite number in [lo, hi]."""
+  ok = isinstance(value, (int, float)) and math.isfinite(value) and value <= hi and (
+      value > lo if low_open else value >= lo)
+  if not ok:
+    span = "" if (lo, hi) == (-math.inf, math.inf) else (
+        f" in {'(' if low_open else '['}{lo:g}, {hi:g}]")
+    raise ValueError(f"{name} (--{name}) must be a finite number{span}, got {value!r}.")
+
+
 def _cut(values: Sequence[float], max_steps: int,
          joins: Callable[[float, list[float]], bool]) -> list[int]:
   """Group sizes: a value joins the open group while the group has room and `joins(v, group)`."""
@@ -108,6 +119,14 @@ class SegmentationConfig:
     if self.metric not in METRICS:
       raise ValueError(f"Unknown metric {self.metric!r}; choose one of {METRICS}.")
     _check_steps(self.max_steps)
+    _check_range("min_value", self.min_value)
+    _check_range("ratio", self.ratio, 0.0, 1.0)
+    if self.threshold_p is not None:
+      _check_range("threshold_p", self.threshold_p, 0.0, 1.0, low_open=True)
+    if self.threshold is not None:
+      _check_range("threshold", self.threshold)
+    if self.vocab_size is not None and self.vocab_size < 2:
+      raise ValueError(f"vocab_size (--threshold_vocab_size) must be >= 2, got {self.vocab_size}.")
 
   def resolved_threshold(self, vocab_size: int) -> float | None:
     """The threshold of `sliding` / `small_group` (None for the other strategies)."""

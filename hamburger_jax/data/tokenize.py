@@ -166,16 +166,37 @@ def fit_length(prompt: Sequence[int], response: Sequence[int], cfg: TokenizeConf
   return [(prompt, response[:room])]
 
 
+def _encode(raw: RawExample, tokenizer: ChatTokenizer) -> tuple[list[int], list[int]]:
+  """(prompt ids, response ids) of one example; DataError naming the record if it fails."""
+  try:
+    prompt = tokenizer.encode_prompt(raw.prompt, raw.system)
+    response = tokenizer.encode_response(raw.response)
+  except DataError as e:
+    raise DataError(f"{raw.origin}: {e}") from e
+  except Exception as e:  # pylint: disable=broad-except  # e.g. TypeError on unencodable text
+    raise DataError(f"{raw.origin}: the record cannot be tokenized ({type(e).__name__}: "
+                    f"{str(e)[:200]}). Fix it or set on_error='skip'.") from e
+  if not prompt:
+    raise DataError(f"{raw.origin}: the prompt has no tokens and the tokenizer has no BOS: set "
+                    "bos_token, or give every record a prompt.")
+  return prompt, response
+
+
 def tokenize_examples(raws: Iterable[RawExample], tokenizer: ChatTokenizer,
-                      counters: collections.Counter | None = None) -> Iterator[TokenizedExample]:
-  """RawExamples -> TokenizedExamples; empty responses and over-long cases are counted."""
+                      counters: collections.Counter | None = None,
+                      on_error: str = "raise") -> Iterator[TokenizedExample]:
+  """RawExamples -> TokenizedExamples; empty responses and over-long cases are counted. A record
+  that fails to tokenize raises DataError naming it, or with on_error="skip" is counted in
+  counters["skipped_tokenize_error"]."""
   counters = collections.Counter() if counters is None else counters
   for raw in raws:
-    prompt = tokenizer.encode_prompt(raw.prompt, raw.system)
-    if not prompt:
-      raise DataError(f"{raw.origin}: the prompt has no tokens and the tokenizer has no BOS: set "
-                      "bos_token, or give every record a prompt.")
-    response = tokenizer.encode_response(raw.response)
+    try:
+      prompt, response = _encode(raw, tokenizer)
+    except DataError:
+      if on_error != "skip":
+        raise
+      counters["skipped_tokenize_error"] += 1
+      continue
     for p, r in fit_length(prompt, response, tokenizer.cfg, counters):
       counters["tokenized"] += 1
       yield TokenizedExample(np.asarray(p, np.int32), np.asarray(r, np.int32), raw.origin)

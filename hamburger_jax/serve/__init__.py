@@ -6,5 +6,6 @@ Layers, each with one job: engines.py (the decode engine: continuous batcher or 
 time), worker.py (the thread that owns the engine and all JAX work), service.py (a request's life:
 prompt ids in, text pieces and usage out), text.py (detokenizing, stop strings), protocol.py
 (request validation, OpenAI errors), responses.py (OpenAI response and stream bodies), app.py (the
-FastAPI routes) and cli.py (flags, loading, uvicorn, shutdown).
+FastAPI routes, body limit), http.py (connection guards: read deadlines, half-closed clients) and
+cli.py (flags, loading, uvicorn, shutdown).
 """

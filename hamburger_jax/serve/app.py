@@ -7,29 +7,79 @@ choice each; both streamed with "stream": true, one prompt), GET /v1/models, GET
 while serving, 503 while shutting down), and the tokenizer in vLLM's shapes (GET
 /tokenizer_info, POST /tokenize, POST /detokenize: lm-eval's "remote" tokenizer, so its
 log-likelihood tasks run against /v1/completions with no tokenizer download).
-Errors are OpenAI error objects: 400 bad request, 404 unknown model or route, 408 request
-timeout, 503 queue full (with Retry-After) or shutting down. A request whose client hangs up is
-cancelled. The engine worker starts and stops with the app's lifespan.
+Errors are OpenAI error objects: 400 bad request (invalid JSON or text, nesting too deep), 404
+unknown model or route, 408 request timeout, 413 body over `max_body_bytes`, 503 queue full (with
+Retry-After) or shutting down, and 500 for anything unforeseen (never a plain-text body). Request
+bodies are parsed and tokenized on the service's text thread, so /health answers while a large
+request is worked on. A request whose client hangs up is cancelled, without a traceback in the
+log. The engine worker starts and stops with the app's lifespan; `http.uvicorn_options()` adds the
+connection-level guards (read timeouts, half-closed clients).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import logging
 import time
 
 import fastapi
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from hamburger_jax.serve import protocol
 from hamburger_jax.serve.protocol import ApiError
-from hamburger_jax.serve.responses import DONE, Formatter, sse
-from hamburger_jax.serve.service import Run, Service, merged_usage
+from hamburger_jax.serve.responses import DONE, Formatter, merged_usage, sse
+from hamburger_jax.serve.service import Run, Service
+
+MAX_BODY_BYTES = 4 * 2**20       # default request-body limit (413 above it)
+_DRAIN_FACTOR = 4                # an oversized body is read (and dropped) up to this many limits,
+                                 # so that its client sees the 413 rather than a reset connection
+_log = logging.getLogger(__name__)
+
+
+def _render(content) -> bytes:
+  """JSON with non-ASCII escaped: any text a client sent (lone surrogates too) renders."""
+  return json.dumps(content, separators=(",", ":")).encode("ascii")
+
+
+class _AsciiJson(JSONResponse):
+  """A JSONResponse rendered by `_render`."""
+
+  def render(self, content) -> bytes:
+    return _render(content)
 
 
 def _error_response(e: ApiError) -> JSONResponse:
-  return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+  return _AsciiJson(e.body(), status_code=e.status, headers=e.headers)
+
+
+async def _rendered_off_loop(service: Service, fn) -> Response:
+  """The JSON response of fn(), computed and rendered on the service's text thread (a /tokenize
+  answer can hold a million ids)."""
+  body = await service.off_loop(lambda: _render(fn()))
+  return Response(body, media_type="application/json")
+
+
+async def read_body(request: fastapi.Request) -> bytes:
+  """The request body; ApiError 413 once it passes the app's `max_body_bytes` (the rest is read
+  and dropped up to _DRAIN_FACTOR times the limit, then the connection is left to close)."""
+  limit = request.app.state.max_body_bytes
+  declared = request.headers.get("content-length", "")
+  size, chunks = 0, []
+  if not (declared.isdigit() and int(declared) > limit * _DRAIN_FACTOR):
+    async for chunk in request.stream():
+      size += len(chunk)
+      if size > limit * _DRAIN_FACTOR:
+        break
+      if size <= limit:
+        chunks.append(chunk)
+  if size > limit or (declared.isdigit() and int(declared) > limit):
+    raise ApiError(413, f"The request body is larger than this server's limit of {limit} "
+                        "bytes: send a shorter request.", code="request_too_large")
+  return b"".join(chunks)
 
 
 async def _choice(run: Run, fmt: Formatter, index: int, prompt_ids, scores) -> tuple:
@@ -44,8 +94,9 @@ async def _choice(run: Run, fmt: Formatter, index: int, prompt_ids, scores) -> t
       settings, service = run.settings, run.service
       text = "".join(texts)
       if settings.echo:
-        text = service.prompt_text(prompt_ids) + text
-      lp = service.logprobs_object(list(prompt_ids), scores, ids, logprobs, settings, fmt.chat)
+        text = await service.off_loop(service.prompt_text, prompt_ids) + text
+      lp = await service.off_loop(service.logprobs_object, list(prompt_ids), scores, ids,
+                                  logprobs, settings, fmt.chat)
       return fmt.choice(text, ids, piece.finish_reason, lp, index), piece.usage
   raise RuntimeError("The request ended without a finish reason.")
 
@@ -115,16 +166,7 @@ class _RunStream(StreamingResponse):
 
 async def _complete(request: fastapi.Request, chat: bool):
   service: Service = request.app.state.service
-  body = protocol.parse_body(await request.body())
-  protocol.check_model(body, service.model_id)
-  settings = protocol.parse_settings(body, service.limits, chat)
-  if chat:
-    prompts = [service.encode_chat(protocol.chat_messages(body))]
-  else:
-    prompts = [service.encode_completion(p) for p in protocol.completion_prompts(body)]
-  if settings.stream and len(prompts) > 1:
-    raise ApiError(400, "A streamed request takes one prompt: send the others separately.",
-                   "prompt")
+  settings, prompts = await service.off_loop(service.prepare, await read_body(request), chat)
   runs = service.start_all(prompts, settings, chat)
   fmt = Formatter(chat, service.model_id)
   if settings.stream:
@@ -143,21 +185,34 @@ async def _complete(request: fastapi.Request, chat: bool):
   return JSONResponse(body)
 
 
-def create_app(service: Service) -> fastapi.FastAPI:
-  """The ASGI app; its lifespan starts the engine worker and closes it at shutdown."""
+def create_app(service: Service, max_body_bytes: int = MAX_BODY_BYTES) -> fastapi.FastAPI:
+  """The ASGI app; its lifespan starts the engine worker and closes it (and the service's text
+  thread) at shutdown. Request bodies over `max_body_bytes` are answered 413."""
 
   @contextlib.asynccontextmanager
   async def lifespan(app):
     service.worker.start()
     yield
     service.worker.close()
+    service.close()
 
   app = fastapi.FastAPI(title="HAMburger", lifespan=lifespan, docs_url=None, redoc_url=None)
-  app.state.service = service
+  app.state.service, app.state.max_body_bytes = service, max_body_bytes
 
   @app.exception_handler(ApiError)
   async def _api_error(request, e: ApiError):
     return _error_response(e)
+
+  @app.exception_handler(ClientDisconnect)
+  async def _gone(request, e):                 # hung up mid-body: nobody to answer, no traceback
+    _log.info("%s %s: the client hung up before sending the whole body.", request.method,
+              request.url.path)
+    return Response(status_code=499)
+
+  @app.exception_handler(Exception)
+  async def _unforeseen(request, e: Exception):   # logged with its traceback by the server
+    return _error_response(ApiError(500, f"The server failed on this request "
+                                         f"({type(e).__name__}).", kind="server_error"))
 
   @app.exception_handler(HTTPException)
   async def _http_error(request, e: HTTPException):
@@ -180,15 +235,18 @@ def create_app(service: Service) -> fastapi.FastAPI:
 
   @app.get("/tokenizer_info")
   async def tokenizer_info():
-    return service.tokenizer_info()
+    return await _rendered_off_loop(service, service.tokenizer_info)
 
   @app.post("/tokenize")
   async def tokenize(request: fastapi.Request):
-    return service.tokenize(protocol.parse_body(await request.body()))
+    raw = await read_body(request)
+    return await _rendered_off_loop(service, lambda: service.tokenize(protocol.parse_body(raw)))
 
   @app.post("/detokenize")
   async def detokenize(request: fastapi.Request):
-    return service.detokenize(protocol.parse_body(await request.body()))
+    raw = await read_body(request)
+    return await _rendered_off_loop(service,
+                                    lambda: service.detokenize(protocol.parse_body(raw)))
 
   @app.get("/health")
   async def health():

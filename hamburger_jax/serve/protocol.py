@@ -1,10 +1,11 @@
 """OpenAI request bodies -> validated generation settings; errors as OpenAI error objects.
 
-    body = parse_body(raw_bytes)                          # ApiError(400) for invalid JSON
+    body = parse_body(raw_bytes)                          # ApiError(400): invalid JSON, too deep
     check_model(body, "hamburger-smollm2")                # ApiError(404) for another model
     settings = parse_settings(body, limits)               # ApiError(400) naming the field
     messages = chat_messages(body)                        # /v1/chat/completions
     prompts = completion_prompts(body)                    # /v1/completions: text or ids, or a batch
+    check_text(text, "prompt")                            # ApiError(400) for a lone surrogate
 
 Extensions beside OpenAI's fields: `top_k` (0 = off), `confidence` (HAMburger's stop-head
 threshold in (0, 1]: a macro step's group goes on while 1 - p_stop >= it) and `min_token_prob`
@@ -24,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import reprlib
 import secrets
 from typing import Any
 
@@ -32,6 +34,7 @@ MAX_LOGPROBS = 5                  # OpenAI's limit for /v1/completions
 MAX_TOP_LOGPROBS = 20             # OpenAI's limit for /v1/chat/completions
 MAX_PROMPTS = 64                  # prompts in one /v1/completions request (a batch)
 SEED_LIMIT = 2**31
+MAX_JSON_DEPTH = 32               # nesting of a request body (OpenAI's bodies need 5)
 
 
 class ApiError(Exception):
@@ -76,14 +79,56 @@ class Settings:
   logprobs: int | None = None       # most likely tokens listed per position (None: no log-probs)
 
 
+_BRIEF = reprlib.Repr()
+_BRIEF.maxstring, _BRIEF.maxother, _BRIEF.maxlist, _BRIEF.maxdict, _BRIEF.maxlevel = 80, 80, 8, 4, 3
+
+
+def brief(value: Any) -> str:
+  """A short repr of a client's value for an error message (long strings and lists cut, nesting
+  bounded, lone surrogates escaped)."""
+  return _BRIEF.repr(value)
+
+
+def _too_deep(body: Any, limit: int) -> bool:
+  """Whether `body` nests containers deeper than `limit` (iterative: any depth is safe)."""
+  stack = [(body, 1)]
+  while stack:
+    node, depth = stack.pop()
+    if depth > limit:
+      return True
+    for child in (node.values() if isinstance(node, dict) else node):
+      if isinstance(child, (dict, list)):
+        stack.append((child, depth + 1))
+  return False
+
+
 def parse_body(raw: bytes) -> dict:
+  """The request's JSON object; ApiError 400 for invalid JSON or UTF-8, or containers nested
+  deeper than MAX_JSON_DEPTH."""
+  deep = ApiError(400, f"The request body nests JSON arrays/objects deeper than "
+                       f"{MAX_JSON_DEPTH} levels.")
   try:
     body = json.loads(raw)
+  except RecursionError as e:
+    raise deep from e
   except (ValueError, UnicodeDecodeError) as e:
     raise ApiError(400, f"The request body is not valid JSON ({e}).") from e
   if not isinstance(body, dict):
     raise ApiError(400, f"The request body must be a JSON object, got {type(body).__name__}.")
+  if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and _too_deep(body, MAX_JSON_DEPTH):
+    raise deep
   return body
+
+
+def check_text(text: str, param: str) -> str:
+  """`text` unless it holds a lone surrogate (JSON's "\\ud800": valid JSON, not Unicode text)."""
+  if not text.isascii():
+    try:
+      text.encode("utf-8")
+    except UnicodeEncodeError as e:
+      raise ApiError(400, f"'{param}' holds {text[e.start]!r} at character {e.start}, a lone "
+                          "surrogate: send valid Unicode text.", param) from e
+  return text
 
 
 def check_model(body: dict, model_id: str) -> None:
@@ -91,8 +136,8 @@ def check_model(body: dict, model_id: str) -> None:
   if model is None:
     raise ApiError(400, f"'model' is required: this server serves {model_id!r}.", "model")
   if model != model_id:
-    raise ApiError(404, f"The model {model!r} does not exist: this server serves {model_id!r}.",
-                   "model", code="model_not_found")
+    raise ApiError(404, f"The model {brief(model)} does not exist: this server serves "
+                        f"{model_id!r}.", "model", code="model_not_found")
 
 
 def _number(body: dict, name: str, default, lo: float, hi: float, *, integer: bool = False,
@@ -104,10 +149,10 @@ def _number(body: dict, name: str, default, lo: float, hi: float, *, integer: bo
   kinds = (int,) if integer else (int, float)
   if isinstance(value, bool) or not isinstance(value, kinds):
     raise ApiError(400, f"'{name}' must be {'an integer' if integer else 'a number'}, got "
-                        f"{value!r}.", name)
+                        f"{brief(value)}.", name)
   low = "(" if lo_open else "["
   if not (math.isfinite(value) and (value > lo if lo_open else value >= lo) and value <= hi):
-    raise ApiError(400, f"'{name}' must be in {low}{lo}, {hi}]{what}, got {value!r}.", name)
+    raise ApiError(400, f"'{name}' must be in {low}{lo}, {hi}]{what}, got {brief(value)}.", name)
   return int(value) if integer else float(value)
 
 
@@ -126,7 +171,7 @@ def _unsupported(body: dict, chat: bool) -> None:
       continue
     value = body.get(name)
     if value is not None and not any(type(value) is type(a) and value == a for a in neutral):
-      raise ApiError(400, f"'{name}' = {value!r} is not supported by this server (allowed: "
+      raise ApiError(400, f"'{name}' = {brief(value)} is not supported by this server (allowed: "
                           f"{list(neutral)} or absent).", name)
   fmt = body.get("response_format")
   if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
@@ -140,12 +185,12 @@ def _stop_strings(body: dict) -> list[str]:
     return []
   stops = [stop] if isinstance(stop, str) else stop
   if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-    raise ApiError(400, f"'stop' must be a non-empty string or a list of them, got {stop!r}.",
+    raise ApiError(400, f"'stop' must be a non-empty string or a list of them, got {brief(stop)}.",
                    "stop")
   if len(stops) > MAX_STOP_STRINGS:
     raise ApiError(400, f"'stop' holds at most {MAX_STOP_STRINGS} strings, got {len(stops)}.",
                    "stop")
-  return stops
+  return [check_text(s, "stop") for s in stops]
 
 
 def _flag(body: dict, name: str) -> bool:
@@ -153,7 +198,7 @@ def _flag(body: dict, name: str) -> bool:
   if value is None:
     return False
   if not isinstance(value, bool):
-    raise ApiError(400, f"'{name}' must be true or false, got {value!r}.", name)
+    raise ApiError(400, f"'{name}' must be true or false, got {brief(value)}.", name)
   return value
 
 
@@ -188,7 +233,8 @@ def parse_settings(body: dict, limits: Limits, chat: bool = True) -> Settings:
                        what=" (the server's limit)")
   options = body.get("stream_options") or {}
   if not isinstance(options, dict):
-    raise ApiError(400, f"'stream_options' must be an object, got {options!r}.", "stream_options")
+    raise ApiError(400, f"'stream_options' must be an object, got {brief(options)}.",
+                   "stream_options")
   seed = body.get("seed")
   stream = _flag(body, "stream")
   echo, logprobs = _log_probs(body, chat, max_tokens, stream)
@@ -207,11 +253,12 @@ def parse_settings(body: dict, limits: Limits, chat: bool = True) -> Settings:
 
 def _content_text(content: Any, index: int) -> str:
   """A message's content: a string, or a list of {"type": "text", "text": ...} parts."""
+  param = f"messages[{index}].content"
   if isinstance(content, str):
-    return content
+    return check_text(content, param)
   if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
                                        and isinstance(p.get("text"), str) for p in content):
-    return "".join(p["text"] for p in content)
+    return check_text("".join(p["text"] for p in content), param)
   raise ApiError(400, f"messages[{index}].content must be a string or a list of text parts "
                       "(other content types are not supported).", f"messages[{index}].content")
 
@@ -251,7 +298,7 @@ def completion_prompts(body: dict) -> list[str | list[int]]:
   batch: one choice each, in order)."""
   prompt = body.get("prompt")
   if _one_prompt(prompt):
-    return [prompt]
+    return [check_text(prompt, "prompt") if isinstance(prompt, str) else prompt]
   if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
     if len(prompt) > MAX_PROMPTS:
       raise ApiError(400, f"'prompt' holds {len(prompt)} prompts; at most {MAX_PROMPTS} per "
@@ -260,6 +307,6 @@ def completion_prompts(body: dict) -> list[str | list[int]]:
       if not _one_prompt(p):
         raise ApiError(400, f"prompt[{i}] must be a non-empty string or a non-empty list of "
                             "token ids.", "prompt")
-    return list(prompt)
+    return [check_text(p, "prompt") if isinstance(p, str) else p for p in prompt]
   raise ApiError(400, "'prompt' must be a non-empty string, a non-empty list of token ids, or a "
                       f"list of up to {MAX_PROMPTS} of them.", "prompt")

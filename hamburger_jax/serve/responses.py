@@ -3,6 +3,7 @@
     fmt = Formatter(chat=True, model="hamburger-smollm2")
     fmt.full([fmt.choice(text, token_ids, "stop")], usage)     # a chat.completion object
     sse(fmt.chunk("Hel", [17], None, first=True))  # b'data: {...chat.completion.chunk...}\\n\\n'
+    usage(prompt_tokens, tokens, macro_steps)      # OpenAI usage + HAMburger's statistics
 
 Each choice also carries `token_ids` (the generated ids of that response or chunk): an extension
 that clients which do not know it ignore.
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from typing import Sequence
 
 DONE = b"data: [DONE]\n\n"
 
@@ -20,6 +22,27 @@ DONE = b"data: [DONE]\n\n"
 def sse(obj: dict) -> bytes:
   """One server-sent event carrying `obj` as JSON."""
   return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+def usage(prompt_tokens: int, tokens: int, macro_steps: int) -> dict:
+  """OpenAI usage plus HAMburger's statistics. kv_entries: KV slots the request filled (its
+  prompt, then one per macro step but the last); kv_entries_base: the same for one token a step."""
+  return {"prompt_tokens": prompt_tokens, "completion_tokens": tokens,
+          "total_tokens": prompt_tokens + tokens,
+          "hamburger": {"macro_steps": macro_steps,
+                        "tokens_per_macro_step": round(tokens / max(macro_steps, 1), 4),
+                        "kv_entries": prompt_tokens + max(macro_steps - 1, 0),
+                        "kv_entries_base": prompt_tokens + max(tokens - 1, 0)}}
+
+
+def merged_usage(usages: Sequence[dict]) -> dict:
+  """The usage of a request of several prompts: every count summed."""
+  total = {k: sum(u[k] for u in usages) for k in ("prompt_tokens", "completion_tokens",
+                                                  "total_tokens")}
+  ham = {k: sum(u["hamburger"][k] for u in usages)
+         for k in ("macro_steps", "kv_entries", "kv_entries_base")}
+  ham["tokens_per_macro_step"] = round(total["completion_tokens"] / max(ham["macro_steps"], 1), 4)
+  return dict(total, hamburger=ham)
 
 
 class Formatter:

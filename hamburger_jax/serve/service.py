@@ -1,6 +1,7 @@
 """One request's life on the server side: prompt -> engine request -> text pieces with usage.
 
     service = Service(worker, "hamburger-smollm2", tokenizer=tok, vocab_size=49152, ...)
+    settings, prompts = await service.off_loop(service.prepare, raw_body, True)   # chat
     ids = service.encode_chat(messages)                  # or encode_completion(prompt)
     run = service.start(ids, settings, chat=True)        # ApiError 503 when the queue is full
     async for piece in run.pieces():                     # Piece(text, token_ids, finish, usage)
@@ -8,14 +9,20 @@
     scores = await service.score_prompts([ids], timeout_s)   # echo / most likely tokens
     service.logprobs_object(ids, scores, piece_ids, piece_logprobs, settings, chat)
 
-Runs on the server's event loop and never calls JAX: the engine lives on the worker's thread.
-Tokenizing and detokenizing happen here.
+Never calls JAX: the engine lives on the worker's thread. Parsing, tokenizing and the texts of
+log-probs run on one text thread (`off_loop`), so that no request holds up the event loop (and
+/health); one thread, because the tokenizer switches its special-token parsing per call. Prompt
+text of more than `chars_per_token` characters per token of the KV buffer is refused before it is
+tokenized (context_length_exceeded): a bound several times what text averages per token, so that
+no request makes the server tokenize megabytes only to refuse them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
+import functools
 import itertools
 import time
 from typing import AsyncIterator, Sequence
@@ -23,6 +30,7 @@ from typing import AsyncIterator, Sequence
 from hamburger_jax.decode.batching import Request
 from hamburger_jax.serve import protocol, responses
 from hamburger_jax.serve.protocol import ApiError, Limits, Settings
+from hamburger_jax.serve.responses import usage
 from hamburger_jax.serve.text import TextOutput
 from hamburger_jax.serve.worker import EngineWorker, Failure, QueueFull, ShuttingDown
 
@@ -31,6 +39,8 @@ _POLL_S = 0.5           # how often a waiting request rechecks its deadline
 # prompt length bucket and power-of-two count of prompts, whatever a request's N.
 SCORED_TOP = protocol.MAX_TOP_LOGPROBS
 _RETRY_AFTER_S = "1"
+CHARS_PER_TOKEN = 16              # prompt characters per context token refused before tokenizing
+MAX_TOKENIZE_CHARS = 1_000_000    # /tokenize: longest text (documents may exceed the context)
 # The engine's finish reasons in OpenAI's words.
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "buffer_full": "length"}
 
@@ -45,36 +55,18 @@ class Piece:
   logprobs: list[float] = dataclasses.field(default_factory=list)   # the model's, of token_ids
 
 
-def usage(prompt_tokens: int, tokens: int, macro_steps: int) -> dict:
-  """OpenAI usage plus HAMburger's statistics. kv_entries: KV slots the request filled (its
-  prompt, then one per macro step but the last); kv_entries_base: the same for one token a step."""
-  return {"prompt_tokens": prompt_tokens, "completion_tokens": tokens,
-          "total_tokens": prompt_tokens + tokens,
-          "hamburger": {"macro_steps": macro_steps,
-                        "tokens_per_macro_step": round(tokens / max(macro_steps, 1), 4),
-                        "kv_entries": prompt_tokens + max(macro_steps - 1, 0),
-                        "kv_entries_base": prompt_tokens + max(tokens - 1, 0)}}
-
-
-def merged_usage(usages: Sequence[dict]) -> dict:
-  """The usage of a request of several prompts: every count summed."""
-  total = {k: sum(u[k] for u in usages) for k in ("prompt_tokens", "completion_tokens",
-                                                  "total_tokens")}
-  ham = {k: sum(u["hamburger"][k] for u in usages)
-         for k in ("macro_steps", "kv_entries", "kv_entries_base")}
-  ham["tokens_per_macro_step"] = round(total["completion_tokens"] / max(ham["macro_steps"], 1), 4)
-  return dict(total, hamburger=ham)
-
-
 class Service:
   """What the HTTP routes call: encoding, admission, and the per-request event stream."""
 
   def __init__(self, worker: EngineWorker, model_id: str, *, tokenizer, vocab_size: int,
                max_prompt_len: int, limits: Limits, request_timeout: float,
                system: str | None = None, engine_name: str = "",
-               fence_ids: tuple[int, ...] = ()):
+               fence_ids: tuple[int, ...] = (), chars_per_token: int = CHARS_PER_TOKEN,
+               max_tokenize_chars: int = MAX_TOKENIZE_CHARS):
     self.worker, self.model_id, self.tokenizer = worker, model_id, tokenizer
     self.vocab_size, self.max_prompt_len, self.limits = vocab_size, max_prompt_len, limits
+    self.chars_per_token, self.max_tokenize_chars = chars_per_token, max_tokenize_chars
+    self._text_thread = concurrent.futures.ThreadPoolExecutor(1, "hamburger-text")
     self.request_timeout = request_timeout
     self.system, self.engine_name = system, engine_name
     self.fence_ids = tuple(fence_ids)    # code fences: fenced code decodes one token per step
@@ -82,12 +74,51 @@ class Service:
     self.draining = False
     self.drain_deadline: float | None = None      # time.monotonic() when draining requests are answered
 
+  # -- off the event loop --
+
+  async def off_loop(self, fn, *args):
+    """fn(*args) on the text thread; the event loop serves other requests meanwhile."""
+    return await asyncio.get_running_loop().run_in_executor(
+        self._text_thread, functools.partial(fn, *args))
+
+  def close(self) -> None:
+    """Stops the text thread (work not started yet is dropped)."""
+    self._text_thread.shutdown(wait=False, cancel_futures=True)
+
   # -- prompts --
+
+  def prepare(self, raw: bytes, chat: bool) -> tuple[Settings, list[list[int]]]:
+    """A completion request's body -> (settings, prompt ids per prompt); ApiError when it cannot
+    be served. CPU work: call it through `off_loop`."""
+    body = protocol.parse_body(raw)
+    protocol.check_model(body, self.model_id)
+    settings = protocol.parse_settings(body, self.limits, chat)
+    if chat:
+      return settings, [self.encode_chat(protocol.chat_messages(body))]
+    prompts = protocol.completion_prompts(body)
+    if settings.stream and len(prompts) > 1:
+      raise ApiError(400, "A streamed request takes one prompt: send the others separately.",
+                     "prompt")
+    return settings, [self.encode_completion(p) for p in prompts]
+
+  def _check_length(self, chars: int, param: str) -> None:
+    """ApiError context_length_exceeded for text too long to fit, before tokenizing it."""
+    limit = self.chars_per_token * self.max_prompt_len
+    if chars > limit:
+      raise ApiError(400, f"The prompt has {chars} characters, more than fit in the "
+                          f"{self.max_prompt_len}-token KV buffer ({limit} characters at "
+                          f"{self.chars_per_token} per token): shorten it.", param,
+                     code="context_length_exceeded")
 
   def encode_chat(self, messages: list[dict]) -> list[int]:
     if self.tokenizer is None:
       raise ApiError(400, "This server has no tokenizer: send token-id prompts to "
                           "/v1/completions.", "messages")
+    if len(messages) > self.max_prompt_len:        # every message takes a token or more
+      raise ApiError(400, f"'messages' holds {len(messages)} messages, more than the "
+                          f"{self.max_prompt_len} tokens of the KV buffer: send fewer.",
+                     "messages", code="context_length_exceeded")
+    self._check_length(sum(len(m["content"]) for m in messages), "messages")
     try:
       ids = self.tokenizer.encode(messages, chat=True, system=self.system)
     except ValueError as e:                    # TokenizerError: no chat template, bad message
@@ -99,6 +130,7 @@ class Service:
       if self.tokenizer is None:
         raise ApiError(400, "This server has no tokenizer: give 'prompt' as a list of token "
                             "ids.", "prompt")
+      self._check_length(len(prompt), "prompt")
       prompt = self.tokenizer.encode(prompt)
     return self.check_prompt(prompt, "prompt")
 
@@ -174,10 +206,13 @@ class Service:
     tok = self._need_tokenizer("prompt")
     prompt, special = body.get("prompt"), body.get("add_special_tokens", True)
     if not isinstance(prompt, str):
-      raise ApiError(400, f"'prompt' must be a string, got {prompt!r}.", "prompt")
+      raise ApiError(400, f"'prompt' must be a string, got {protocol.brief(prompt)}.", "prompt")
     if not isinstance(special, bool):
-      raise ApiError(400, f"'add_special_tokens' must be true or false, got {special!r}.",
-                     "add_special_tokens")
+      raise ApiError(400, f"'add_special_tokens' must be true or false, got "
+                          f"{protocol.brief(special)}.", "add_special_tokens")
+    if len(protocol.check_text(prompt, "prompt")) > self.max_tokenize_chars:
+      raise ApiError(400, f"'prompt' has {len(prompt)} characters; /tokenize takes at most "
+                          f"{self.max_tokenize_chars}.", "prompt")
     ids = tok.encode(prompt, add_special_tokens=special)
     return {"tokens": ids, "count": len(ids), "max_model_len": self.max_prompt_len}
 
@@ -186,7 +221,8 @@ class Service:
     ids = body.get("tokens")
     if not (isinstance(ids, list) and all(isinstance(i, int) and not isinstance(i, bool)
                                           for i in ids)):
-      raise ApiError(400, f"'tokens' must be a list of token ids, got {ids!r}.", "tokens")
+      raise ApiError(400, f"'tokens' must be a list of token ids, got {protocol.brief(ids)}.",
+                     "tokens")
     bad = [i for i in ids if not 0 <= i < self.vocab_size]
     if bad:
       raise ApiError(400, f"Token id {bad[0]} is outside the vocabulary "

@@ -16,6 +16,7 @@ with next-token cross-entropy on batches whose groups all have size 1.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -26,8 +27,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hamburger_jax.train import batches, checkpoints, sharding
-from hamburger_jax.train.run_config import ConfigError, eval_rows, model_config, validate_config
+from hamburger_jax.train import batches, checkpoints, sharding, workdir_lock
+from hamburger_jax.train.run_config import (ConfigError, check_token_ids, eval_rows, model_config,
+                                            validate_config)
 from hamburger_jax.train.metrics_writer import MetricsWriter, Progress
 from hamburger_jax.train.setup import Setup
 from hamburger_jax.train.signals import StopOnSignal
@@ -35,11 +37,17 @@ from hamburger_jax.train.step import TrainState, combine_metrics
 
 
 def check_workdir(workdir: str) -> None:
-  """ConfigError unless `workdir` is (or can be made) a writable directory."""
+  """ConfigError unless `workdir` is (or can be made) a writable directory that no other run
+  holds (`workdir_lock.WorkdirBusy` naming the holder)."""
   if os.path.exists(workdir) and not os.path.isdir(workdir):
     raise ConfigError(f"--workdir {workdir} is a file, not a directory: pass a directory path.")
   try:
     os.makedirs(workdir, exist_ok=True)
+  except OSError as e:
+    raise ConfigError(f"--workdir {workdir} is not writable ({e.strerror}): pass a directory "
+                      "you can write to.") from e
+  workdir_lock.check_free(workdir)
+  try:
     probe = os.path.join(workdir, f".write_test.{os.getpid()}")
     with open(probe, "w") as f:
       f.write("ok")
@@ -101,10 +109,19 @@ def train_and_evaluate(config, workdir: str) -> TrainState:
   sharding.maybe_initialize_distributed(config.distributed)
   validate_config(config)
   check_workdir(workdir)
+  # One writer per workdir: process 0 holds the lock (every host may share the directory).
+  with (workdir_lock.WorkdirLock(workdir) if jax.process_index() == 0
+        else contextlib.nullcontext()):
+    return _run(config, workdir)
+
+
+def _run(config, workdir: str) -> TrainState:
+  """`train_and_evaluate` once the settings and the workdir are checked and held."""
   mesh = sharding.make_mesh(config.mesh)
   cfg, pretrained = model_config(config), None
   if config.init.checkpoint:
     cfg, pretrained = checkpoints.load_pretrained(config.init.checkpoint, cfg, config.mode)
+    check_token_ids(cfg, f"init.checkpoint {config.init.checkpoint}")
   batches.check_dataset(config, cfg)
   setup = Setup(config, cfg, mesh)
   c_cfg = config.checkpoint
