@@ -1,8 +1,8 @@
 """Distillation speed: SmolLM2 base-mode batched greedy decoding, tokens/s by batch size.
 
-    python benchmarks/distill_speed.py                         # batch 1, 8, 32 on 32 prompts
-    python benchmarks/distill_speed.py --batch_sizes 32,64 --num_prompts 64
-    python benchmarks/distill_speed.py --engines static,continuous --batch_sizes 16,32
+    python -m benchmarks.distill_speed                         # batch 1, 8, 32 on 32 prompts
+    python -m benchmarks.distill_speed --batch_sizes 32,64 --num_prompts 64
+    python -m benchmarks.distill_speed --engines static,continuous --batch_sizes 16,32
 
 Decodes like the recipe's distill step (hamburger_jax.recipes.smollm2.step_distill): the GGUF
 base in float32, ChatML with SmolLM2's default system prompt, prefill buckets of powers of two
@@ -13,7 +13,8 @@ slots, all prompts in one call: a finished row's slot takes the next prompt at o
 per engine and batch size: answer tokens (EOS excluded), seconds of prefill and decode loop
 (static; compile excluded, and reported apart), tokens/s over the run without compiles, and
 (static) row efficiency: answer tokens / (rows x loop steps), the share of the batch's work that
-was not spent on rows already finished. Writes --out (JSON) and prints a table.
+was not spent on rows already finished. Writes --out (JSON with "provenance"; default
+docs/results/data/training/distill_speed.json) and prints a table.
 """
 
 from __future__ import annotations
@@ -23,17 +24,12 @@ import json
 import os
 import platform
 import random
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from report import markdown_table, positive_ints, write_json  # noqa: E402
-
-from hamburger_jax.data.distill import MIN_PROMPT_BUCKET  # noqa: E402
-from hamburger_jax.recipes import broad_prompts  # noqa: E402
-from hamburger_jax.recipes.smollm2 import SYSTEM_PROMPT, load_base, write_tokenizer  # noqa: E402
+from benchmarks.common import markdown_table, positive_ints, results_dir, write_json
+from hamburger_jax.data.distill import MIN_PROMPT_BUCKET
+from hamburger_jax.recipes import broad_prompts
+from hamburger_jax.shipped.smollm2 import SYSTEM_PROMPT, load_base, write_tokenizer
 
 
 def encoded_prompts(tok, n: int, max_prompt_tokens: int) -> list[list[int]]:
@@ -91,7 +87,7 @@ def _engines(text: str) -> list[str]:
   return names
 
 
-def main(argv=None):
+def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--batch_sizes", type=positive_ints, default="1,8,32")
   parser.add_argument("--engines", type=_engines, default="static")
@@ -101,8 +97,13 @@ def main(argv=None):
   parser.add_argument("--workdir", default=os.path.join(os.path.expanduser("~"), ".cache",
                                                         "hamburger_jax", "smollm2"),
                       help="where SmolLM2's tokenizer.json is (re)built")
-  parser.add_argument("--out", default="docs/distill_speed.json")
+  parser.add_argument("--out", default=os.path.join(results_dir("training"), "distill_speed.json"))
   parser.add_argument("--machine", default="", help="a note on the machine, kept in the JSON")
+  return parser
+
+
+def main(argv=None):
+  parser = build_parser()
   args = parser.parse_args(argv)
   batch_sizes = args.batch_sizes
   if args.num_prompts < 1:
@@ -139,8 +140,7 @@ def main(argv=None):
       "results": rows}
   best = max(rows, key=lambda r: r["tokens_per_s"])
   report["best"] = {"engine": best["engine"], "batch_size": best["batch_size"]}
-  os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-  write_json(report, args.out)
+  write_json(report, args.out, __spec__.name, argv)
   keys = ("engine", "batch_size", "prompts", "answer_tokens", "prefill_s", "decode_s",
           "compile_s", "tokens_per_s", "row_efficiency")
   print("\n" + markdown_table(keys, [[r.get(k, "-") for k in keys] for r in rows]))

@@ -1,6 +1,6 @@
 r"""Fault injection on training checkpoints (`hamburger_jax.train.checkpoints.Checkpointer`).
 
-    python benchmarks/fault_injection.py --trials 25 [--json out.json]
+    python -m benchmarks.fault_injection --trials 25 [--json out.json]
 
 Kinds of trial (cycled, each with its own seed): `flip` (64 bytes of a random file of a random
 step inverted), `truncate` (a random file of a random step cut short), `kill` (a saving process
@@ -9,7 +9,8 @@ full; skipped with the reason when tmpfs cannot be mounted) and `nan` (a NaN sta
 save). After each fault the workdir is restored as training does it (`restore_latest_good`).
 A trial passes when no finished step is lost (the restored step is at least the newest step that
 was completed and left undamaged) and the restored state is finite and bit-identical to what was
-saved at that step. Prints JSON and a table; exit code 1 if any trial fails.
+saved at that step. Prints JSON and a table and writes the JSON with "provenance" (default
+docs/results/data/training/fault_injection.json); exit code 1 if any trial fails.
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ import time
 
 import numpy as np
 
+from benchmarks.common import REPO, markdown_table, results_dir, write_json
+
 KINDS = ("flip", "truncate", "kill", "disk_full", "nan")
 SAVED_STEPS = 5
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def make_state(step: int, nan: bool = False) -> dict:
@@ -122,8 +124,8 @@ def _child(directory: str, keep: int):
 
 
 def _spawn(directory: str, keep: int) -> subprocess.Popen:
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=_REPO)
-  return subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child", directory,
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO)
+  return subprocess.Popen([sys.executable, "-m", __spec__.name, "--child", directory,
                            "--keep", str(keep)], stdout=subprocess.PIPE,
                           stderr=subprocess.DEVNULL, text=True, env=env)
 
@@ -209,25 +211,24 @@ def run_trials(n: int, seed: int = 0, kinds=KINDS) -> list[dict]:
   return out
 
 
-def main() -> int:
+def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--trials", type=int, default=25)
   p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--json", default=None)
+  p.add_argument("--json", default=os.path.join(results_dir("training"), "fault_injection.json"),
+                 help="the JSON ('' = print only)")
   p.add_argument("--child", default=None, help=argparse.SUPPRESS)
   p.add_argument("--keep", type=int, default=3, help=argparse.SUPPRESS)
-  a = p.parse_args()
+  a = p.parse_args(argv)
   if a.child:
     _child(a.child, a.keep)
     return 0
-  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-  import report  # pylint: disable=g-import-not-at-top,import-error
   trials = run_trials(a.trials, a.seed)
   summary = {"trials": len(trials), "failed": sum(not t["ok"] for t in trials),
              "skipped": sum("skipped" in t for t in trials), "results": trials}
-  report.write_json(summary, a.json)
+  write_json(summary, a.json, __spec__.name, argv)
   print(json.dumps({k: v for k, v in summary.items() if k != "results"}))
-  print(report.markdown_table(
+  print(markdown_table(
       ["trial", "kind", "restored", "newest finished", "ok", "s", "note"],
       [[t["trial"], t["kind"], t.get("restored"), t.get("completed", "-"), t["ok"], t["seconds"],
         t.get("skipped") or t.get("damaged", "")] for t in trials]))

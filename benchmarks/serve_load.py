@@ -1,8 +1,8 @@
 """Serving under load: many greedy requests, a fixed number in flight, through the OpenAI API.
 
-    python benchmarks/serve_load.py                            # tiny random weights, both engines
-    python benchmarks/serve_load.py --requests 200 --concurrency 16 --engines serial,continuous
-    python benchmarks/serve_load.py --ckpt smollm2 --max_tokens 128
+    python -m benchmarks.serve_load                       # tiny random weights, both engines
+    python -m benchmarks.serve_load --requests 200 --concurrency 16 --engines serial,continuous
+    python -m benchmarks.serve_load --ckpt smollm2 --max_tokens 128
 
 For each engine, serve.py runs in a subprocess on 127.0.0.1 (token-id prompts, /v1/completions)
 and is warmed up with a few requests; then --requests requests (random prompts and max_tokens
@@ -11,7 +11,7 @@ response arrives, and its tokens equal the same request decoded alone (`Sampler.
 same KV buffer). Reports p50 / p99 latency, output tokens/s over the whole run, the ratio of
 each engine's throughput to the serial engine's (one request at a time), and the share of the
 run the server's engine thread spent inside `engine.step()` (the rest: HTTP, queueing, idling). Writes
-<out_dir>/serve_load.json. Random weights (no --ckpt) say nothing about a trained model's
+<out_dir>/serve_load.json (default docs/results/data/serving/), with "provenance". Random weights (no --ckpt) say nothing about a trained model's
 group lengths.
 """
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -33,15 +34,10 @@ import numpy as np
 # may take the default 75% of its memory up front (set before JAX starts; inherited by the server).
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from report import machine, markdown_table, write_json  # noqa: E402  pylint: disable=import-error
-from hamburger_jax.decode import cli as decode_cli  # noqa: E402
+from benchmarks.common import REPO, machine, markdown_table, results_dir, write_json  # noqa: E402
+from hamburger_jax.decode.checkpoint import open_checkpoint, resolve_knobs  # noqa: E402
 from hamburger_jax.decode.sampler import Sampler  # noqa: E402
 from hamburger_jax.model.config import HamburgerConfig  # noqa: E402
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 # --- the load (also used by tests/serve/test_load.py) ---------------------------------------------
@@ -180,11 +176,10 @@ def _engine_stats(url: str) -> dict:
 def _load_model(args):
   """-> (cfg, params, base_only, {confidence, min_token_prob}: the given knobs, else the
   checkpoint's recommended ones)."""
-  dargs = decode_cli.resolve_args(decode_cli.DecodeArgs(
-      ckpt=args.ckpt, token_ids=True, confidence=args.confidence,
-      min_token_prob=args.min_token_prob))
-  knobs = {"confidence": dargs.confidence, "min_token_prob": dargs.min_token_prob}
-  return (*decode_cli.load_checkpoint(dargs), knobs)
+  d = open_checkpoint(args.ckpt, token_ids=True, draft_vocab="full")
+  knobs = resolve_knobs({"confidence": args.confidence, "min_token_prob": args.min_token_prob},
+                        d.knob_defaults)
+  return d.config, d.params, d.base_only, knobs
 
 
 def _table(rows) -> str:
@@ -217,7 +212,7 @@ def main(argv=None) -> int:
                  help="1 / 0: the continuous engine runs micro steps on the continuing rows only / "
                       "on every row (default: the server's, on CPU from 8 slots)")
   p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--out_dir", default=".")
+  p.add_argument("--out_dir", default=results_dir("serving"))
   args = p.parse_args(argv)
   if args.ckpt is None:
     from hamburger_jax.testing.fixtures import make_tiny_checkpoint  # pylint: disable=g-import-not-at-top
@@ -238,9 +233,9 @@ def main(argv=None) -> int:
   result = {"machine": f"{machine()}; device "
                        f"{jax.devices()[0].device_kind}", "ckpt": args.ckpt,
             "settings": {k: v for k, v in vars(args).items() if k != "out_dir"}, "engines": rows}
+  write_json(result, os.path.join(args.out_dir, "serve_load.json"), __spec__.name, argv)
   print(_table(rows))
-  os.makedirs(args.out_dir, exist_ok=True)
-  write_json(result, os.path.join(args.out_dir, "serve_load.json"))
+  print(json.dumps(result))
   return 0 if all(r["identical_to_alone"] for r in rows) else 1
 
 

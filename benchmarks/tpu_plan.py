@@ -17,6 +17,8 @@ rematerialisation overhead. Decode: XLA's bytes accessed by the loop program (wh
 bodies counted once: one macro step whose micro-step loop runs once) and the memory-bound time of
 that step, bytes / HBM bandwidth (`step_ms_at_hbm_bw`; v5e 819 GB/s); XLA's bytes exceed one
 read of the weights and the KV cache, whose time is the floor (`weights_kv_ms_at_hbm_bw`). Needs libtpu (requirements-test.txt).
+Writes {"rows": [...], "provenance"} to --out after every entry (default
+docs/results/data/tpu/tpu_plan.json).
 """
 
 from __future__ import annotations
@@ -24,10 +26,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 
 import jax
 
+from benchmarks.common import markdown_table, results_dir, write_json
 from hamburger_jax.model.hamburger import init_params, param_count
 from hamburger_jax.train import aot
 from hamburger_jax.train.run_config import model_config
@@ -120,28 +124,30 @@ def decode_rows(entry: str) -> list[dict]:
 
 
 def table(rows) -> str:
-  lines = [f"{'what':44s} {'args':>6s} {'temp':>6s} {'total':>6s} {'HBM':>6s} {'free':>5s} "
-           f"{'TFLOP':>7s} {'ratio':>5s} {'GB acc':>7s} {'ms@bw':>6s} {'compile':>7s}"]
+  """The rows as a markdown table (GiB per chip; a row that does not fit gives XLA's error)."""
+  cells = []
   for r in rows:
     what = (f"train {r['entry']}" if r["kind"] == "train" else
             f"decode {r['model']} {r['entry']}")
     if not r["fits"]:
-      lines.append(f"{what:44s} does not fit: {r.get('error', '')[:90]}")
+      cells.append([what, f"does not fit: {r.get('error', '')[:90]}"] + [""] * 9)
       continue
-    lines.append(
-        f"{what:44s} {r['argument_gib']:6.2f} {r['temp_gib']:6.2f} {r['total_gib']:6.2f} "
-        f"{r['hbm_gib']:6.2f} {100 * r['hbm_free_frac']:4.0f}% "
-        f"{r.get('xla_flops_total', r['flops']) / 1e12:7.1f} {r.get('flops_ratio', 0):5.2f} "
-        f"{r['bytes_accessed'] / 1e9:7.2f} {r.get('step_ms_at_hbm_bw', 0):6.2f} "
-        f"{r['compile_s']:6.0f}s")
-  return "\n".join(lines)
+    cells.append([
+        what, f"{r['argument_gib']:.2f}", f"{r['temp_gib']:.2f}", f"{r['total_gib']:.2f}",
+        f"{r['hbm_gib']:.2f}", f"{100 * r['hbm_free_frac']:.0f}%",
+        f"{r.get('xla_flops_total', r['flops']) / 1e12:.1f}", f"{r.get('flops_ratio', 0):.2f}",
+        f"{r['bytes_accessed'] / 1e9:.2f}", f"{r.get('step_ms_at_hbm_bw', 0):.2f}",
+        f"{r['compile_s']:.0f}"])
+  return markdown_table(["what", "args", "temp", "total", "HBM", "free", "TFLOP", "ratio",
+                         "GB accessed", "ms at HBM bw", "compile s"], cells)
 
 
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--train", nargs="*", default=list(DEFAULT_TRAIN))
   p.add_argument("--decode", nargs="*", default=list(DEFAULT_DECODE))
-  p.add_argument("--out", default="", help="also write the rows as JSON here after each entry")
+  p.add_argument("--out", default=os.path.join(results_dir("tpu"), "tpu_plan.json"),
+                 help="the JSON, rewritten after each entry ('' = print only)")
   args = p.parse_args(argv)
   if not aot.libtpu_available():
     sys.exit("tpu_plan needs libtpu: pip install 'libtpu==0.0.42.*'.")
@@ -150,9 +156,7 @@ def main(argv=None):
   def add(row):
     rows.append(row)
     print(json.dumps(row), flush=True)
-    if args.out:
-      with open(args.out, "w") as f:
-        json.dump(rows, f, indent=1)
+    write_json({"rows": rows}, args.out, __spec__.name, argv)
 
   for entry in (e for e in args.decode if e != "none"):
     for row in decode_rows(entry):

@@ -1,12 +1,13 @@
 r"""HAMburger train step vs base-LM train step on the same tokens and base model, in one run.
 
-    python benchmarks/train_speed.py --config configs/tiny.py --steps 20
-    python benchmarks/train_speed.py --config configs/llama3_1b.py --config.data.batch_size=16
+    python -m benchmarks.train_speed --config configs/tiny.py --steps 20
+    python -m benchmarks.train_speed --config configs/llama3_1b.py --config.data.batch_size=16
 
 One set of synthetic examples (prompt, response, group sizes) is packed twice: merged groups for
 HAMburger (fewer macro positions, so fewer rows) and size-1 groups for the base LM. Both steps are
 the real jitted train steps of `hamburger_jax.train.setup.Setup` (donated state, same optimizer). Prints a table and one
-JSON line: step times, response tokens per second, and the ratios.
+JSON line: step times, response tokens per second, and the ratios; writes the JSON with
+"provenance" to --out (default docs/results/data/training/train_speed.json).
 """
 
 import json
@@ -14,26 +15,23 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import jax
+import numpy as np
+from absl import app, flags
+from ml_collections import config_flags
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-from absl import app, flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
-
-from hamburger_jax.train import sharding  # noqa: E402
-
-from hamburger_jax.train import batches  # noqa: E402
-
-from hamburger_jax.train.run_config import model_config  # noqa: E402
-
-from hamburger_jax.train.setup import Setup  # noqa: E402
-from hamburger_jax.model.batch import example_to_macro, first_fit, pack_rows  # noqa: E402
+from benchmarks.common import markdown_table, results_dir, write_json
+from hamburger_jax.model.batch import example_to_macro, first_fit, pack_rows
+from hamburger_jax.train import batches, sharding
+from hamburger_jax.train.run_config import model_config
+from hamburger_jax.train.setup import Setup
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", "configs/tiny.py", "Experiment config file.",
                                 lock_config=True)
 flags.DEFINE_integer("steps", 20, "Timed steps per mode (after 2 warm-up steps).")
+flags.DEFINE_string("out", os.path.join(results_dir("training"), "train_speed.json"),
+                    "the JSON ('' = print only)")
 
 
 def make_examples(config, cfg, rows: int):
@@ -105,14 +103,22 @@ def main(argv):
                                               "hidden_size": cfg.base.hidden_size},
          **results, "step_time_ratio_hamburger_over_base": h["step_ms"] / b["step_ms"],
          "tokens_per_sec_ratio_hamburger_over_base": h["tokens_per_sec"] / b["tokens_per_sec"]}
-  print(f"{'mode':<10} {'rows':>5} {'positions':>9} {'tokens':>7} {'step ms':>9} {'tokens/s':>10}")
-  for mode, r in results.items():
-    print(f"{mode:<10} {r['rows']:>5} {r['macro_positions']:>9} {r['tokens_per_step']:>7.0f} "
-          f"{r['step_ms']:>9.2f} {r['tokens_per_sec']:>10.0f}")
+  print(markdown_table(["mode", "rows", "positions", "tokens", "step ms", "tokens/s"], [
+      [mode, r["rows"], r["macro_positions"], f"{r['tokens_per_step']:.0f}", f"{r['step_ms']:.2f}",
+       f"{r['tokens_per_sec']:.0f}"] for mode, r in results.items()]))
   print(f"step-time ratio (hamburger / base): {out['step_time_ratio_hamburger_over_base']:.3f}")
+  write_json(out, FLAGS.out, __spec__.name)
   print(json.dumps(out))
   sys.stdout.flush()
 
 
-if __name__ == "__main__":
+def run() -> None:
+  """app.run(main); --help prints the flags and exits 0 (absl's own --help exits 1)."""
+  if {"-h", "--help"} & set(sys.argv[1:]):
+    print(__doc__ + "\n" + FLAGS.main_module_help())
+    sys.exit(0)
   app.run(main)
+
+
+if __name__ == "__main__":
+  run()

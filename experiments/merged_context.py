@@ -1,14 +1,15 @@
 r"""Where HAMburger's quality goes: held-out teacher-forced accuracy of each micro step, split by the
 size of the group fed at that macro position, beside the base model reading the same tokens unmerged.
 
-    python benchmarks/merged_context.py --data_dir runs/smollm2/data --name smollm2_sft
-    python benchmarks/merged_context.py --asset_dir runs/smollm2_v6/asset --data_dir ... --out r.json
+    python -m experiments.merged_context --data_dir runs/smollm2/data --name smollm2_sft
+    python -m experiments.merged_context --asset_dir runs/smollm2_v6/asset --data_dir ... --out r.json
 
 Micro step 0 is the base model's own next-token prediction (its final-normed output through the LM
 head), so its accuracy measures how well the base reads the merged context; steps >= 1 are the
 micro decoder's drafts. The base row decodes the same targets from the plain token sequence. The
 targets of a self-distilled dataset are the base's greedy answers, so the base row is close to 1.
-Prints JSON and a table.
+Prints JSON and a table; writes the JSON with "provenance" to --out (default
+docs/results/data/training/merged_context.json).
 """
 
 from __future__ import annotations
@@ -16,13 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from report import markdown_table, write_json  # noqa: E402  pylint: disable=g-import-not-at-top
+from benchmarks.common import markdown_table, results_dir, write_json
 
 
 def unmerge(batch: dict[str, np.ndarray], length: int):
@@ -68,7 +66,7 @@ def _load(args):
     if kind != "hamburger":
       raise SystemExit(f"{args.ckpt} is a plain base model: pass a HAMburger checkpoint.")
     return cfg, params
-  from hamburger_jax.recipes import smollm2
+  from hamburger_jax.shipped import smollm2
   cfg, params, _, _ = smollm2.load_shipped(args.asset_dir or smollm2.ASSET_DIR)
   return cfg, params
 
@@ -155,12 +153,13 @@ def main(argv=None) -> None:
   p.add_argument("--rows", type=int, default=8)
   p.add_argument("--seq_len", type=int, default=256)
   p.add_argument("--plain_length", type=int, default=1024, help="plain tokens per row at most")
-  p.add_argument("--out", default=None, help="JSON output path")
+  p.add_argument("--out", default=os.path.join(results_dir("training"), "merged_context.json"),
+                 help="JSON output path ('' = print only)")
   args = p.parse_args(argv)
   result = measure(args)
+  write_json(result, args.out, __spec__.name, argv)
   print(json.dumps(result))
   print(table(result))
-  write_json(result, args.out)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,14 @@
 r"""How many tokens per group each segmentation strategy / threshold gives on a prepared dataset.
 
-    python benchmarks/segmentation_sweep.py --data_dir runs/smollm2/data --name smollm2_sft \
+    python -m experiments.segmentation_sweep --data_dir runs/smollm2/data --name smollm2_sft \
         --model hamburger_jax.recipes.smollm2:load_base --num_examples 256
 
 Scores the responses of a prepared dataset once with the base model (the entropy of the
 distribution that predicts each token, as `data.prepare` does), then groups them under every
 strategy / threshold of the sweep. Per setting: tokens per group (the ceiling of the decode
 speed-up), the share of each group size, and the mean entropy of tokens that join a group
-(how hard the micro decoder's later steps are). Prints JSON and a table.
+(how hard the micro decoder's later steps are). Prints JSON and a table; writes the JSON with "provenance" to --out (default
+docs/results/data/training/segmentation_sweep.json).
 """
 
 from __future__ import annotations
@@ -15,19 +16,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import numpy as np
 
-import numpy as np  # noqa: E402
-from report import markdown_table, write_json  # noqa: E402
-
-from hamburger_jax.data import builder  # noqa: E402
-from hamburger_jax.data.prepare import load_model  # noqa: E402
-from hamburger_jax.model.scoring import Scorer  # noqa: E402
-from hamburger_jax.data.strategies import SegmentationConfig, group_sizes  # noqa: E402
+from benchmarks.common import markdown_table, results_dir, write_json
+from hamburger_jax.data import builder
+from hamburger_jax.data.prepare import load_model
+from hamburger_jax.data.strategies import SegmentationConfig, group_sizes
+from hamburger_jax.model.scoring import Scorer
 
 SWEEP = (
     SegmentationConfig("decreasing_v2"),                                   # original setting
@@ -79,7 +76,8 @@ def main(argv=None):
   p.add_argument("--model", required=True, help="MODULE:FUNCTION returning (LlamaConfig, params), "
                  "or random:PRESET")
   p.add_argument("--num_examples", type=int, default=256)
-  p.add_argument("--out", default=None, help="also write the JSON here")
+  p.add_argument("--out", default=os.path.join(results_dir("training"), "segmentation_sweep.json"),
+                 help="the JSON ('' = print only)")
   a = p.parse_args(argv)
   if a.num_examples < 1:
     p.error(f"--num_examples must be >= 1, got {a.num_examples}.")
@@ -95,6 +93,7 @@ def main(argv=None):
   out = {"examples": n, "response_tokens": int(sum(len(v) for v in values)),
          "score_s": time.time() - t0, "mean_entropy": float(np.mean(np.concatenate(values))),
          "rows": sweep(values, cfg.vocab_size)}
+  write_json(out, a.out, __spec__.name, argv)
   print(json.dumps(out, indent=1))
   print(f"\n{n} examples, {out['response_tokens']} response tokens, "
         f"mean entropy {out['mean_entropy']:.3f} nats")
@@ -102,7 +101,6 @@ def main(argv=None):
       ["setting", "tokens/group", "size 1/2/3/4", "mean entropy of joined tokens"],
       [[r["setting"], f"{r['tokens_per_group']:.3f}", "/".join(f"{x:.2f}" for x in r["size_share"]),
         f"{r['joined_mean_entropy']:.3f}"] for r in out["rows"]]))
-  write_json(out, a.out)
   return out
 
 

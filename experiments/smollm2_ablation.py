@@ -1,13 +1,14 @@
 r"""Equal-budget ablation of HAMburger-SmolLM2: 2 vs 4 micro-decoder layers, frozen vs adapted base
 (all of it, or a rank-64 merge adapter that acts only at merged inputs).
 
-    python benchmarks/smollm2_ablation.py --workdir runs/smollm2 --steps 40
+    python -m experiments.smollm2_ablation --workdir runs/smollm2 --steps 40
 
 Trains each arm from the same start (SmolLM2 base, the same random grafted init, the same data
 order and learning-rate schedule) for `--steps` optimizer steps with configs/smollm2.py, then
 reads the held-out evaluation at the last step and the mean seconds per step from each run's
 metrics.jsonl. Arms whose run already finished are not retrained (delete their directory to).
-Prints JSON and a table.
+Prints JSON and a table; writes the JSON with "provenance" to --out (default
+docs/results/data/training/smollm2_ablation.json).
 """
 
 from __future__ import annotations
@@ -18,9 +19,7 @@ import os
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from report import markdown_table, write_json  # noqa: E402  pylint: disable=g-import-not-at-top
+from benchmarks.common import REPO, markdown_table, results_dir, write_json
 
 ARMS = {
     "2 layers, frozen base": ["--config.model.num_micro_layers=2", "--config.freeze_base=True"],
@@ -56,7 +55,8 @@ def main(argv=None):
   p.add_argument("--steps", type=int, default=40)
   p.add_argument("--batch_size", type=int, default=4, help="rows per step (configs/smollm2.py: 8)")
   p.add_argument("--config", default="configs/smollm2.py")
-  p.add_argument("--out", default=None, help="also write the JSON here")
+  p.add_argument("--out", default=os.path.join(results_dir("training"), "smollm2_ablation.json"),
+                 help="the JSON ('' = print only)")
   a = p.parse_args(argv)
   if a.steps < 1 or a.batch_size < 1:
     p.error(f"--steps and --batch_size must be >= 1, got {a.steps} and {a.batch_size}.")
@@ -65,7 +65,7 @@ def main(argv=None):
     run_dir = os.path.join(a.workdir, "ablation", name.replace(", ", "_").replace(" ", "_"))
     metrics = os.path.join(run_dir, "metrics.jsonl")
     if not (os.path.exists(metrics) and summarize(read_metrics(metrics), a.steps)):
-      subprocess.run([sys.executable, "train.py", f"--config={a.config}", f"--workdir={run_dir}",
+      subprocess.run([sys.executable, os.path.join(REPO, "train.py"), f"--config={a.config}", f"--workdir={run_dir}",
                       f"--config.data.data_dir={os.path.join(a.workdir, 'data')}",
                       f"--config.init.checkpoint={os.path.join(a.workdir, 'base_hf')}",
                       f"--config.num_train_steps={a.steps}", f"--config.eval.every_steps={a.steps}",
@@ -75,6 +75,7 @@ def main(argv=None):
                       f"--config.eval.num_batches={-(-16 // a.batch_size)}", *flags], check=True)
     results[name] = summarize(read_metrics(metrics), a.steps)
   out = {"steps": a.steps, "batch_size": a.batch_size, "arms": results}
+  write_json(out, a.out, __spec__.name, argv)
   print(json.dumps(out, indent=1))
   print(f"\nHeld-out evaluation after {a.steps} steps of {a.batch_size} rows "
         "(same data, init and schedule):")
@@ -83,7 +84,6 @@ def main(argv=None):
       [[name, f"{r['loss']:.3f}", "/".join(f"{r[f'accuracy_s{i}']:.3f}" for i in range(1, 5)),
         f"{r['stop_accuracy']:.3f}", f"{r['expected_tokens_per_step']:.2f}",
         f"{r['seconds_per_step']:.1f}"] for name, r in results.items()]))
-  write_json(out, a.out)
   return out
 
 

@@ -1,24 +1,24 @@
 r"""Refit the shipped model's stop head alone (to the trust gate, or to the training loss's stop
 targets) and compare the decode decisions offline.
 
-    python benchmarks/stop_refit.py --lines 6089:7289 --out docs/stop_refit.json \
-        --asset_out runs/stop_refit
-    python benchmarks/stop_refit.py --targets gate,segments,correct,readable ...  # equal budget
+    python -m experiments.stop_refit --lines 6089:7289 --asset_out runs/stop_refit
+    python -m experiments.stop_refit --targets gate,segments,correct,readable ...  # equal budget
 
-Reads SmolLM2's distilled answers (`docs/smollm2_v2_sft.jsonl.gz`, the given line range: lines
-never used to train the shipped weights), segments them with the base's entropy as the recipe
-does, runs the frozen model teacher forced on targets that run past each group's end, and refits
-the stop head alone to "the next draft is kept by the gate and right" (`--targets gate`), and /
-or to the segmentation's group ends ("segments") or those plus "the micro decoder's next
-prediction is right" ("correct"), or those plus "the base reads the merged group right: its
-next token after it is the answer's" ("readable"), each from the same frozen forward with the
-same optimiser and steps (`hamburger_jax/train/stop_calibration.py`). Of the examples, the last
+Reads SmolLM2's distilled answers (hamburger_jax/recipes/data/smollm2_v2_sft.jsonl.gz, the given
+line range: lines never used to train the shipped weights), segments them with the base's entropy
+as the recipe does, runs the frozen model teacher forced on targets that run past each group's
+end, and refits the stop head alone to "the next draft is kept by the gate and right" (`--targets
+gate`), and / or to the segmentation's group ends ("segments") or those plus "the micro decoder's
+next prediction is right" ("correct"), or those plus "the base reads the merged group right: its
+next token after it is the answer's" ("readable"), each from the same frozen forward with the same
+optimiser and steps (`hamburger_jax/train/stop_calibration.py`). Of the examples, the last
 `--test_examples` are held out for the table, the `--val_examples` before them for early stopping.
 The table applies the decode rule to the held-out positions with the shipped and the refit stop
 head: tokens per macro step, micro steps run (each one a draft) and kept drafts that differ from
 the answer. `--asset_out DIR` writes DIR/<target>: the shipped weights with that refit head, for
-`benchmarks/quality.py --asset_dir` and `benchmarks/batching_speed.py --asset_dir`. Prints JSON
-and a table.
+`python -m benchmarks.quality --asset_dir` and `python -m benchmarks.decode_speed --engine
+batch,continuous --asset_dir`. Prints JSON and a table; writes the JSON with "provenance" to --out
+(default docs/results/data/training/stop_refit.json).
 """
 
 from __future__ import annotations
@@ -30,19 +30,14 @@ import itertools
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchmarks.common import REPO, machine, markdown_table, results_dir, write_json
 
-from report import machine, markdown_table, write_json  # noqa: E402  pylint: disable=import-error
-
-SFT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
-                   "smollm2_v2_sft.jsonl.gz")
+SFT = os.path.join(REPO, "hamburger_jax", "recipes", "data", "smollm2_v2_sft.jsonl.gz")
 
 
 def segmented_examples(path: str, start: int, end: int, base_cfg, base_params):
@@ -52,7 +47,7 @@ def segmented_examples(path: str, start: int, end: int, base_cfg, base_params):
   from hamburger_jax.data.segmentation import segment_examples
   from hamburger_jax.data.tokenize import ChatTokenizer, TokenizeConfig, tokenize_examples
   from hamburger_jax.model.scoring import Scorer
-  from hamburger_jax.recipes import smollm2
+  from hamburger_jax.shipped import smollm2
   opener = gzip.open if path.endswith(".gz") else open
   with opener(path, "rt") as f:
     lines = list(itertools.islice(f, start, end))
@@ -77,7 +72,7 @@ def write_asset(stop_params, out_dir: str) -> None:
   from flax import traverse_util
   from safetensors import safe_open
   from safetensors.flax import load_file, save_file
-  from hamburger_jax.recipes import smollm2
+  from hamburger_jax.shipped import smollm2
   os.makedirs(out_dir, exist_ok=True)
   for name in ("hamburger_config.json", "manifest.json", "draft_vocab.json"):
     if os.path.exists(os.path.join(smollm2.ASSET_DIR, name)):
@@ -94,7 +89,7 @@ def write_asset(stop_params, out_dir: str) -> None:
   save_file(tensors, os.path.join(out_dir, "params.safetensors"), metadata=metadata)
 
 
-def main(argv=None):
+def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--data", default=SFT)
   parser.add_argument("--lines", default="6089:7289", help="START:END of the distilled answers")
@@ -108,7 +103,14 @@ def main(argv=None):
                            "correct, readable")
   parser.add_argument("--confidences", default="0.05,0.2,0.35,0.5,0.65")
   parser.add_argument("--asset_out", default="")
-  parser.add_argument("--out", default="")
+  parser.add_argument("--out", default=os.path.join(results_dir("training"), "stop_refit.json"),
+                      help="the JSON ('' = print only)")
+  return parser
+
+
+def parse_args(argv=None):
+  """-> (args, (start, end) of --lines, confidences, targets); usage errors exit."""
+  parser = build_parser()
   args = parser.parse_args(argv)
   start, _, end = args.lines.partition(":")
   if not (start.isdigit() and end.isdigit() and int(start) < int(end)):
@@ -126,7 +128,7 @@ def main(argv=None):
   if not confidences or not all(0.0 < c <= 1.0 for c in confidences):
     parser.error(f"--confidences must be comma-separated values in (0, 1], got "
                  f"{args.confidences!r}.")
-  from hamburger_jax.train.stop_calibration import TARGETS
+  from hamburger_jax.train.stop_calibration import TARGETS  # pylint: disable=import-outside-toplevel
   targets = args.targets.split(",")
   if not targets or len(set(targets)) != len(targets) or not set(targets) <= set(TARGETS):
     parser.error(f"--targets must be distinct comma-separated names of {', '.join(TARGETS)}, "
@@ -134,12 +136,18 @@ def main(argv=None):
   if end - start <= args.val_examples + args.test_examples:
     parser.error(f"--lines {args.lines} leaves no training examples beside "
                  f"{args.val_examples} + {args.test_examples} held out.")
+  return args, (start, end), confidences, targets
 
-  from hamburger_jax.recipes import smollm2
+
+def refit(args, lines, confidences, targets) -> tuple[dict, dict]:
+  """Collects the frozen model's outcomes, refits one head per target -> (result JSON, target ->
+  refit stop-head params)."""
+  # pylint: disable=import-outside-toplevel
+  from hamburger_jax.shipped import smollm2
   from hamburger_jax.train import stop_calibration as sc
   t0 = time.time()
   cfg, params, _, base_cfg = smollm2.load_shipped()
-  examples = segmented_examples(args.data, start, end, base_cfg, params["base"])
+  examples = segmented_examples(args.data, *lines, base_cfg, params["base"])
   outcomes = sc.collect(cfg, params, examples)
   n = len(examples)
   test = outcomes.example >= n - args.test_examples
@@ -152,26 +160,30 @@ def main(argv=None):
                                     y, valid & ~test[:, None], val, steps=args.steps)
     fits[target], label_rates[target] = report._asdict(), float(y[valid].mean())
     heads[f"refit:{target}"] = sc.stop_logits(cfg, fitted[target], held.hidden)
-  rows = []
-  for conf in confidences:
-    for head, logits in heads.items():
-      rows.append({"stop_head": head, "confidence": conf, "min_token_prob": args.min_token_prob,
-                   **sc.simulate(logits, held, conf, args.min_token_prob)})
+  rows = [{"stop_head": head, "confidence": conf, "min_token_prob": args.min_token_prob,
+           **sc.simulate(logits, held, conf, args.min_token_prob)}
+          for conf in confidences for head, logits in heads.items()]
   result = {"lines": args.lines, "examples": n, "positions": int(len(outcomes.example)),
             "held_out_positions": int(test.sum()), "targets": targets, "fit": fits,
             "label_rate": label_rates, "rows": rows,
             "seconds": time.time() - t0, "machine": machine()}
+  return result, fitted
+
+
+def main(argv=None):
+  args, lines, confidences, targets = parse_args(argv)
+  result, fitted = refit(args, lines, confidences, targets)
   if args.asset_out:
     result["asset_out"] = {}
     for target, head in fitted.items():
       write_asset(head, os.path.join(args.asset_out, target))
       result["asset_out"][target] = os.path.join(args.asset_out, target)
+  write_json(result, args.out, __spec__.name, argv)
   cols = ["stop_head", "confidence", "tokens_per_step", "micro_steps_per_step",
           "kept_per_micro_step", "wrong_drafts_per_step"]
   print(markdown_table(cols, [[r[c] if isinstance(r[c], str) else f"{r[c]:.3f}" for c in cols]
-                              for r in rows]))
+                              for r in result["rows"]]))
   print(json.dumps(result))
-  write_json(result, args.out)
 
 
 if __name__ == "__main__":

@@ -1,40 +1,33 @@
-r"""What one micro step costs at a batch of B rows when only some rows continue their group, with
-and without micro-step compaction (shipped HAMburger-SmolLM2). One run, one machine.
-
-    python benchmarks/batch_costs.py                          # B = 8 and 32
-    python benchmarks/batch_costs.py --batch_sizes 8 --repeats 10
+"""`--what batch`: what one micro step costs at a batch of B rows when only some rows continue
+their group, with and without micro-step compaction (shipped HAMburger-SmolLM2).
 
 For each batch size B and each number k of continuing rows (the compaction buckets: the powers
 of two below B, and B): the micro prefill plus one micro step with its heads, as the decode loop
-runs them (`loop._micro_prefill_rows`, `loop._micro_step_rows`), on all B rows (compaction off)
+runs them (`compaction.micro_prefill_rows`, `loop._micro_step_rows`), on all B rows (compaction off)
 and on the k rows gathered (on); beside them one base forward plus heads at B rows (the rest of
-a macro step); with --draft_vocab, the compacted micro step drafting from those ids. Settings are timed in rotation, `--repeats` rounds, and the median is reported, so a slow
-phase of a shared machine hits every setting alike. Writes JSON (--out) and prints a table.
+a macro step); with --draft_vocab, the compacted micro step drafting from those ids. Settings are
+timed in rotation, `--repeats` rounds, and the median is reported, so a slow phase of a shared
+machine hits every setting alike.
 """
 
-import argparse
-import functools
+from __future__ import annotations
+
 import json
 import os
-import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from report import machine, positive_ints  # noqa: E402  pylint: disable=import-error
-
-from hamburger_jax.decode import draft_vocab  # noqa: E402
-from hamburger_jax.decode import loop as lp  # noqa: E402
-from hamburger_jax.decode import state as ds  # noqa: E402
-from hamburger_jax.decode.models import decode_model  # noqa: E402
-from hamburger_jax.decode.sampling import SamplingParams  # noqa: E402
-from hamburger_jax.model.attention import init_cache  # noqa: E402
-from hamburger_jax.recipes import smollm2  # noqa: E402
+from benchmarks.common import machine
+from hamburger_jax.decode import compaction, draft_vocab
+from hamburger_jax.decode import loop as lp
+from hamburger_jax.decode import state as ds
+from hamburger_jax.decode.models import decode_model
+from hamburger_jax.decode.sampling import SamplingParams
+from hamburger_jax.model.attention import init_cache
+from hamburger_jax.shipped import smollm2
 
 
 def micro_fn(engine, rows: int):
@@ -46,8 +39,7 @@ def micro_fn(engine, rows: int):
                                 max_group=engine.max_steps, eos_ids=(-1,),
                                 sampling=SamplingParams.greedy())
     keys = jnp.zeros((b, 2), jnp.uint32)
-    cache = lp._micro_prefill_rows(  # pylint: disable=protected-access
-        engine, params, features, active, rows)
+    cache = compaction.micro_prefill_rows(engine, params, features, active, rows)
     group = lp.Group.first(lp.Pick(*(jnp.zeros((b,), t) for t in (
         jnp.int32, jnp.float32, jnp.float32, jnp.float32, bool, bool, bool, bool))),
         engine.max_steps)
@@ -85,12 +77,11 @@ def timed_rounds(fns: dict, repeats: int) -> dict:
   return {name: float(np.median(t)) for name, t in times.items()}
 
 
-def bench(cfg, params, b: int, repeats: int, cache_length: int, draft_ids=None) -> list[dict]:
-  """draft_ids: also time the compacted micro step drafting from these token ids."""
-  full_params = params
+def _settings(cfg, full_params, b: int, cache_length: int, draft_ids):
+  """-> (compaction buckets, name -> (jitted fn, args)) of one batch size."""
   model, params = decode_model(cfg, full_params)
   engine = lp.DecodeEngine(model, cache_length, cache_length, compact_micro_steps=True)
-  buckets = lp.micro_buckets(engine, b)
+  buckets = compaction.micro_buckets(engine, b)
   macro = macro_fn(model, b, cache_length)
   _, features = macro(params)
   fns = {("macro", b): (macro, (params,))}
@@ -105,6 +96,12 @@ def bench(cfg, params, b: int, repeats: int, cache_length: int, draft_ids=None) 
       fns[("on", k)] = (micro_fn(engine, k), (params, features, active))
     if draft_ids is not None:
       fns[("draft", k)] = (micro_fn(draft_engine, k), (draft_params, features, active))
+  return buckets, fns
+
+
+def bench(cfg, params, b: int, repeats: int, cache_length: int, draft_ids=None) -> list[dict]:
+  """draft_ids: also time the compacted micro step drafting from these token ids."""
+  buckets, fns = _settings(cfg, params, b, cache_length, draft_ids)
   ms = timed_rounds(fns, repeats)
   macro_ms = ms[("macro", b)]
   rows = []
@@ -135,24 +132,17 @@ def format_table(rows) -> str:
   return "\n".join(lines)
 
 
-def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--batch_sizes", type=positive_ints, default="8,32")
-  parser.add_argument("--repeats", type=int, default=15)
-  parser.add_argument("--cache_length", type=int, default=128)
-  parser.add_argument("--asset_dir", default=smollm2.ASSET_DIR)
-  parser.add_argument("--draft_vocab", default="",
-                      help="also time micro steps drafting from this draft vocabulary file "
-                           "(decode/draft_vocab.py)")
-  parser.add_argument("--out", default="docs/batch_costs.json")
-  args = parser.parse_args(argv)
+def load(args):
+  """-> (cfg, params on the device, draft ids or None). Raises draft_vocab.DraftVocabError."""
   cfg, params, _, _ = smollm2.load_shipped(args.asset_dir)
-  params = jax.device_put(params)
-  try:
-    draft_ids = (draft_vocab.load(args.draft_vocab, cfg.base.vocab_size) if args.draft_vocab
-                 else None)
-  except draft_vocab.DraftVocabError as e:
-    parser.error(f"--draft_vocab: {e}")
+  draft_ids = (draft_vocab.load(args.draft_vocab, cfg.base.vocab_size) if args.draft_vocab
+               else None)
+  return cfg, jax.device_put(params), draft_ids
+
+
+def measure(args, loaded) -> tuple[dict, str]:
+  """-> (result JSON, markdown table) over args.batch_sizes."""
+  cfg, params, draft_ids = loaded
   rows = []
   for b in args.batch_sizes:
     rows += bench(cfg, params, b, args.repeats, args.cache_length, draft_ids)
@@ -161,14 +151,4 @@ def main(argv=None):
             "device": jax.devices()[0].device_kind, "backend": jax.default_backend(),
             "machine": machine(),
             "load_average": os.getloadavg()}
-  if args.out:
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-      json.dump(result, f, indent=2)
-  print(format_table(rows))
-  print(json.dumps(result))
-  return result
-
-
-if __name__ == "__main__":
-  main()
+  return result, format_table(rows)

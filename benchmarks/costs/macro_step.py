@@ -1,33 +1,24 @@
-r"""What one macro step of the continuous batcher costs with B running rows: the base model against
-HAMburger at confidence 1 (no micro steps: embedder, merge adapter, stop head, bookkeeping) and at
-the shipped defaults, each with the merge adapter skipped when no row is merged and computed
-always. Shipped HAMburger-SmolLM2, held-out prompts, greedy, rows that never finish. One run.
-
-    python benchmarks/macro_step_costs.py                       # B = 1, 8, 32
-    python benchmarks/macro_step_costs.py --batch_sizes 8 --repeats 9
+"""`--what macro_step`: what one macro step of the continuous batcher costs with B running rows:
+the base model against HAMburger at confidence 1 (no micro steps: embedder, merge adapter, stop
+head, bookkeeping) and at the shipped defaults, each with the merge adapter skipped when no row
+is merged and computed always. Shipped HAMburger-SmolLM2, held-out prompts, greedy, rows that
+never finish.
 
 Every round gives each setting's B slots the next B held-out prompts (the same for every setting)
 and times its second chunk of `--chunk_steps` macro steps; the settings are timed in rotation,
-`--repeats` rounds (median), so a slow phase of the machine hits every setting alike. Writes JSON
-(--out) and prints a table.
+`--repeats` rounds (median), so a slow phase of the machine hits every setting alike.
 """
 
-import argparse
-import json
-import os
-import sys
+from __future__ import annotations
+
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from quality import heldout_prompts  # noqa: E402  pylint: disable=import-error
-from report import machine, markdown_table, positive_ints, write_json  # noqa: E402
-
-from hamburger_jax.decode.batching import ContinuousBatcher, Request  # noqa: E402
-from hamburger_jax.recipes import smollm2  # noqa: E402
+from benchmarks.common import machine, markdown_table
+from hamburger_jax.decode.batching import ContinuousBatcher, Request
+from hamburger_jax.shipped import smollm2
+from hamburger_jax.recipes.heldout import heldout_prompts
 
 NEVER = -1        # an EOS id no token has: rows run until the chunk ends
 
@@ -40,6 +31,23 @@ def settings(defaults: dict):
           "hamburger confidence 1, merge work always": (False, 1.0, 0.0, False),
           "hamburger defaults, merge work skipped when unmerged": (False, conf, mtp, True),
           "hamburger defaults, merge work always": (False, conf, mtp, False)}
+
+
+def _timed_round(name, bt, spec, running, batch, chunk_steps):
+  """Refills bt's slots with `batch`, runs one untimed chunk, then -> (seconds of the next chunk,
+  tokens it gave)."""
+  _, conf, mtp, _ = spec
+  for rid in running[name]:
+    bt.cancel(rid)
+  running[name] = [bt.submit(Request(p, max_new_tokens=1 << 20, confidence=conf,
+                                     min_token_prob=mtp)) for p in batch]
+  bt.step()
+  t0 = time.perf_counter()
+  events = bt.step()
+  elapsed = time.perf_counter() - t0
+  if len(events) != len(batch) or any(e.finished for e in events):
+    raise RuntimeError(f"{name}: a row finished early; raise the cache length.")
+  return elapsed, sum(len(e.new_tokens) for e in events)
 
 
 def bench(cfg, params, prompts, b: int, repeats: int, chunk_steps: int, defaults: dict):
@@ -60,20 +68,10 @@ def bench(cfg, params, prompts, b: int, repeats: int, chunk_steps: int, defaults
   for r in range(repeats + 1):                    # round 0 compiles, untimed
     batch = [prompts[(r * b + i) % len(prompts)] for i in range(b)]
     for name, bt in runs.items():
-      _, conf, mtp, _ = specs[name]
-      for rid in running[name]:
-        bt.cancel(rid)
-      running[name] = [bt.submit(Request(p, max_new_tokens=1 << 20, confidence=conf,
-                                         min_token_prob=mtp)) for p in batch]
-      bt.step()
-      t0 = time.perf_counter()
-      events = bt.step()
-      elapsed = time.perf_counter() - t0
-      if len(events) != b or any(e.finished for e in events):
-        raise RuntimeError(f"{name}: a row finished early; raise the cache length.")
+      elapsed, new = _timed_round(name, bt, specs[name], running, batch, chunk_steps)
       if r:
         ms[name].append(elapsed * 1e3 / chunk_steps)
-        tokens[name] += sum(len(e.new_tokens) for e in events)
+        tokens[name] += new
   rows = []
   base_ms = float(np.median(ms["base"]))
   for name in runs:
@@ -95,17 +93,8 @@ def format_table(rows) -> str:
         f"{r['tokens_per_s_vs_base']:.3f}"] for r in rows])
 
 
-def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--batch_sizes", type=positive_ints, default="1,8,32")
-  parser.add_argument("--repeats", type=int, default=7)
-  parser.add_argument("--chunk_steps", type=int, default=4)
-  parser.add_argument("--num_prompts", type=int, default=64, help="held-out prompts cycled through")
-  parser.add_argument("--asset_dir", default=smollm2.ASSET_DIR)
-  parser.add_argument("--out", default="docs/macro_step_costs.json")
-  args = parser.parse_args(argv)
-  if min(args.repeats, args.chunk_steps, args.num_prompts) < 1:
-    parser.error("--repeats, --chunk_steps and --num_prompts must be >= 1.")
+def measure(args) -> tuple[dict, str]:
+  """-> (result JSON, markdown table) over args.batch_sizes."""
   cfg, params, tok, _ = smollm2.load_shipped(args.asset_dir)
   defaults = smollm2.decode_defaults(args.asset_dir)
   prompts = [tok.encode(p["prompt"], chat=True, system=smollm2.SYSTEM_PROMPT)
@@ -116,11 +105,4 @@ def main(argv=None):
   result = {"benchmark": "macro_step_costs", "machine": machine(), "decode_defaults": defaults,
             "repeats": args.repeats, "chunk_steps": args.chunk_steps,
             "num_prompts": len(prompts), "rows": rows}
-  print(format_table(rows))
-  print(json.dumps(result))
-  write_json(result, args.out)
-  return result
-
-
-if __name__ == "__main__":
-  main()
+  return result, format_table(rows)

@@ -1,19 +1,17 @@
-r"""Batched decode speed of the shipped HAMburger-SmolLM2 vs its base: static vs continuous batching,
-per micro-step policy, with the quality cost of policies that cut groups. One run, one machine.
+"""`--engine batch` / `continuous`: batched decode speed of the shipped HAMburger-SmolLM2 vs its
+base, static vs continuous batching, per micro-step policy, with the quality cost of policies that
+cut groups.
 
-    nice -n 10 python benchmarks/batching_speed.py                       # batch 1, 8, 32
-    python benchmarks/batching_speed.py --batch_sizes 8 --num_prompts 8 --max_new_tokens 16  # quick
-
-Prompts: held-out standard-library prompts (chat template), greedy, no EOS (every answer has
-exactly --max_new_tokens tokens, so every setting decodes the same number of tokens); HAMburger
-decodes with the checkpoint's recommended confidence / min_token_prob unless they are given.
-With --length_spread S (continuous only) request i decodes its own length, --max_new_tokens x
+Prompts: held-out prompts (chat template), greedy, no EOS (every answer has exactly
+--max_new_tokens tokens, so every setting decodes the same number of tokens); HAMburger decodes
+with the checkpoint's recommended confidence / min_token_prob unless they are given. With
+--length_spread S (continuous only) request i decodes its own length, --max_new_tokens x
 (1 + u_i), u_i uniform in [-S, S] with a fixed seed, the same for every model: rows then finish
 at different macro steps for the base too, as in a server (with one length for all, the base's
 rows finish together and refill in waves).
-Static batching: `Sampler.decode` over consecutive batches of b prompts. Continuous batching:
-`ContinuousBatcher` with b slots fed all prompts. Reported per setting: tokens/s end to end
-(prefill + decode wall time, compile excluded by a warm-up pass), static decode-only tokens/s
+Static batching (`batch`): `Sampler.decode` over consecutive batches of b prompts. Continuous
+batching: `ContinuousBatcher` with b slots fed all prompts. Reported per setting: tokens/s end to
+end (prefill + decode wall time, compile excluded by a warm-up pass), static decode-only tokens/s
 (the loop alone), tokens per macro step, and quality against the base's greedy answers (token
 agreement, base-model NLL of the answers). Component costs at each batch size: one base forward,
 the heads (LM head + stop head) and one micro step without them. HAMburger runs with the
@@ -21,34 +19,30 @@ engines' default micro-step compaction (on CPU: the micro prefill and micro step
 continuing rows only, gathered into a power-of-two or full row bucket, from 8 rows; the
 `compact` column); --compare_compact 1 adds the same settings with compaction off. Every
 setting is timed --repeats times, the settings in rotation, and the median wall time is reported.
-Writes JSON (--out) and prints a table.
 """
 
-import argparse
+from __future__ import annotations
+
 import functools
 import itertools
 import json
 import os
-import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchmarks.common import machine
+from hamburger_jax.decode import compaction, draft_vocab, evaluation
+from hamburger_jax.decode.batching import ContinuousBatcher, Request
+from hamburger_jax.decode.models import decode_model
+from hamburger_jax.decode.sampler import Sampler
+from hamburger_jax.model.attention import init_cache
+from hamburger_jax.shipped import smollm2
+from hamburger_jax.recipes.heldout import heldout_prompts
 
-from report import machine, positive_ints  # noqa: E402  pylint: disable=import-error
-from hamburger_jax.decode import draft_vocab, evaluation  # noqa: E402
-from hamburger_jax.decode import loop as lp  # noqa: E402
-from hamburger_jax.decode.batching import ContinuousBatcher, Request  # noqa: E402
-from hamburger_jax.decode.cli import resolve_knobs  # noqa: E402
-from hamburger_jax.decode.models import decode_model  # noqa: E402
-from hamburger_jax.decode.sampler import Sampler  # noqa: E402
-from hamburger_jax.model.attention import init_cache  # noqa: E402
-from hamburger_jax.recipes import smollm2  # noqa: E402
-from quality import heldout_prompts  # noqa: E402
+ENGINE_NAMES = {"batch": "static", "continuous": "continuous"}    # --engine -> the JSON's name
 
 
 def component_ms(cfg, params, batch_sizes, cache_length, repeats=20):
@@ -127,14 +121,10 @@ def row(batch, engine, model, policy, run, prompts, base_tokens, scorer, compact
           "base_nll": scorer.mean_nll(prompts, tokens)}
 
 
-def bench_batch(b, cfg, params, prompts, args, scorer, drafts=(None,), fence_ids=()):
-  """All settings at one batch size -> rows. Every setting runs `args.repeats` times, the
-  settings in rotation (a slow phase of a shared machine hits them alike); its wall time is the
-  median (greedy: every repeat gives the same tokens, checked). drafts: what HAMburger's drafts
-  choose from, one entry per run of its settings (token ids, or None for the whole vocabulary).
-  fence_ids: HAMburger's code-fence ids (() = merge inside code too)."""
+def settings_of(b, cfg, params, prompts, lengths, args, drafts, fence_ids):
+  """-> [(meta, fn)]: the base and every HAMburger setting (compaction x draft vocabulary x
+  policy) on both engines; fn() decodes all prompts once -> (tokens, steps, wall s, decode s)."""
   n, conf, trust = args.max_new_tokens, args.confidence, args.min_token_prob
-  lengths = request_lengths(len(prompts), n, args.length_spread)
   cache = max(len(p) for p in prompts) + max(lengths) + 1
   kw = dict(cache_length=cache, out_length=n)
   ckw = dict(num_slots=b, cache_length=cache, chunk_steps=args.chunk_steps, eos_ids=(-1,))
@@ -150,7 +140,7 @@ def bench_batch(b, cfg, params, prompts, args, scorer, drafts=(None,), fence_ids
     ham_s = Sampler(cfg, params, compact_micro_steps=compact, draft_vocab=draft_ids, **kw)
     ham_c = ContinuousBatcher(cfg, params, compact_micro_steps=compact, draft_vocab=draft_ids,
                               **ckw)
-    shown = lp.micro_buckets(ham_s.engine, b) != (b,)
+    shown = compaction.micro_buckets(ham_s.engine, b) != (b,)
     draft_size = cfg.base.vocab_size if draft_ids is None else len(draft_ids)
     for policy in args.policies.split(","):
       if b == 1 and policy != "all":
@@ -166,8 +156,18 @@ def bench_batch(b, cfg, params, prompts, args, scorer, drafts=(None,), fence_ids
                                       min_token_prob=trust, micro_policy=policy,
                                       fence_ids=tuple(fence_ids))),
                    (dict(engine="continuous", **meta), continuous)]
-  engines = args.engines.split(",")
-  settings = [(meta, fn) for meta, fn in settings if meta["engine"] in engines]
+  engines = [ENGINE_NAMES[e] for e in args.engine]
+  return [(meta, fn) for meta, fn in settings if meta["engine"] in engines]
+
+
+def bench_batch(b, cfg, params, prompts, args, scorer, drafts=(None,), fence_ids=()):
+  """All settings at one batch size -> rows. Every setting runs `args.repeats` times, the
+  settings in rotation (a slow phase of a shared machine hits them alike); its wall time is the
+  median (greedy: every repeat gives the same tokens, checked). drafts: what HAMburger's drafts
+  choose from, one entry per run of its settings (token ids, or None for the whole vocabulary).
+  fence_ids: HAMburger's code-fence ids (() = merge inside code too)."""
+  lengths = request_lengths(len(prompts), args.max_new_tokens, args.length_spread)
+  settings = settings_of(b, cfg, params, prompts, lengths, args, drafts, fence_ids)
   runs = [[] for _ in settings]
   for _ in range(args.repeats):
     for i, (_, fn) in enumerate(settings):
@@ -206,89 +206,40 @@ def format_table(result) -> str:
   return "\n".join(lines)
 
 
-def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--batch_sizes", type=positive_ints, default="1,8,32")
-  parser.add_argument("--num_prompts", type=int, default=32, help="requests at batch >= 2")
-  parser.add_argument("--batch1_prompts", type=int, default=8, help="requests at batch 1")
-  parser.add_argument("--max_new_tokens", type=int, default=64)
-  parser.add_argument("--confidence", type=float, default=None,
-                      help="default: the checkpoint's recommended knob (manifest), else 0.8")
-  parser.add_argument("--min_token_prob", type=float, default=None,
-                      help="default: the checkpoint's recommended knob (manifest), else 0")
-  parser.add_argument("--asset_dir", default=smollm2.ASSET_DIR)
-  parser.add_argument("--policies", default="all,fraction:0.25,fraction:0.5,min_rows:4")
-  parser.add_argument("--engines", default="static,continuous",
-                      help="static, continuous or both (comma-separated)")
-  parser.add_argument("--chunk_steps", type=int, default=8)
-  parser.add_argument("--length_spread", type=float, default=0.0,
-                      help="continuous only: request i decodes max_new_tokens x (1 + u_i), u_i "
-                           "uniform in [-spread, spread] (fixed seed), so rows finish at "
-                           "different steps as in a server; 0: every request the same length")
-  parser.add_argument("--draft_vocabs", default="shipped",
-                      help="what HAMburger's drafts choose from, comma-separated, each running "
-                           "every HAMburger setting: 'shipped' (the asset's draft_vocab.json if it "
-                           "has one, else the whole vocabulary), 'full' (the whole vocabulary), "
-                           "or draft vocabulary files (decode/draft_vocab.py)")
-  parser.add_argument("--compare_compact", type=int, default=0,
-                      help="1: also run HAMburger with micro-step compaction off (batch >= 4)")
-  parser.add_argument("--repeats", type=int, default=3,
-                      help="timed runs of every setting, in rotation (the median is reported)")
-  parser.add_argument("--code_fences", type=int, default=1,
-                      help="1: HAMburger's fenced code decodes one token per macro step (the "
-                           "server's default); 0: it merges inside code too")
-  parser.add_argument("--out", default="docs/batching_speed.json")
-  args = parser.parse_args(argv)
-  if not args.engines or set(args.engines.split(",")) - {"static", "continuous"}:
-    parser.error(f"--engines must name static and/or continuous, got {args.engines!r}")
-  if not 0 <= args.length_spread < 1:
-    parser.error(f"--length_spread must be in [0, 1), got {args.length_spread}")
-  if args.length_spread and "static" in args.engines.split(","):
-    parser.error("--length_spread needs --engines continuous (a static batch decodes one length)")
-  vars(args).update(resolve_knobs(vars(args), smollm2.decode_defaults(args.asset_dir)))
-  batch_sizes = args.batch_sizes
+def load(args):
+  """-> (cfg, params on the device, tokenizer, base config, drafts: ids or None per
+  --draft_vocabs entry). Raises draft_vocab.DraftVocabError."""
+  cfg, params, tok, base_cfg = smollm2.load_shipped(args.asset_dir)
+  drafts = [draft_vocab.resolve(None if name == "shipped" else name, args.asset_dir,
+                                cfg.base.vocab_size) for name in args.draft_vocabs.split(",")]
+  return cfg, jax.device_put(params), tok, base_cfg, drafts   # one copy, shared by every engine
 
+
+def measure(args, loaded, write) -> dict:
+  """The whole run over args.batch_sizes; write(result) after every batch size -> result."""
   t0 = time.time()
   load_before = os.getloadavg()
-  cfg, params, tok, base_cfg = smollm2.load_shipped(args.asset_dir)
-  try:          # what drafts choose from, per --draft_vocabs entry (ids, or None for all)
-    drafts = [draft_vocab.resolve(None if name == "shipped" else name, args.asset_dir,
-                                  cfg.base.vocab_size) for name in args.draft_vocabs.split(",")]
-  except draft_vocab.DraftVocabError as e:
-    parser.error(f"--draft_vocabs: {e}")
-  params = jax.device_put(params)          # one copy, shared by every sampler and batcher
+  cfg, params, tok, base_cfg, drafts = loaded
   items = heldout_prompts(max(args.num_prompts, args.batch1_prompts))
   all_prompts = [tok.encode(p["prompt"], chat=True, system=smollm2.SYSTEM_PROMPT) for p in items]
   scorer = evaluation.BaseScorer(base_cfg, params["base"])
   cache = max(len(p) for p in all_prompts) + max(
       request_lengths(len(all_prompts), args.max_new_tokens, args.length_spread)) + 1
   result = {
-      "rows": [], "components": component_ms(cfg, params, batch_sizes, cache),
+      "rows": [], "components": component_ms(cfg, params, args.batch_sizes, cache),
       "max_new_tokens": args.max_new_tokens, "length_spread": args.length_spread,
       "confidence": args.confidence,
       "min_token_prob": args.min_token_prob,
       "chunk_steps": args.chunk_steps, "repeats": args.repeats,
-      "code_fences": bool(args.code_fences), "prompts": "held-out prompts (standard library and broad), chat template",
+      "code_fences": bool(args.code_fences),
+      "prompts": "held-out prompts (standard library and broad), chat template",
       "device": jax.devices()[0].device_kind, "backend": jax.default_backend(),
       "machine": machine() + ", shared",
       "load_average_before": load_before}
-  for b in batch_sizes:                  # the JSON is rewritten after every batch size
+  for b in args.batch_sizes:                  # the JSON is rewritten after every batch size
     prompts = all_prompts[:args.batch1_prompts if b == 1 else args.num_prompts]
     result["rows"] += bench_batch(b, cfg, params, prompts, args, scorer, drafts,
                                   tok.fence_ids() if args.code_fences else ())
     result.update(load_average_after=os.getloadavg(), seconds=time.time() - t0)
-    _write(result, args.out)
-  print(format_table(result))
-  print(json.dumps(result))
+    write(result)
   return result
-
-
-def _write(result, path):
-  if path:
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path, "w") as f:
-      json.dump(result, f, indent=2)
-
-
-if __name__ == "__main__":
-  main()

@@ -185,19 +185,8 @@ async def _complete(request: fastapi.Request, chat: bool):
   return JSONResponse(body)
 
 
-def create_app(service: Service, max_body_bytes: int = MAX_BODY_BYTES) -> fastapi.FastAPI:
-  """The ASGI app; its lifespan starts the engine worker and closes it (and the service's text
-  thread) at shutdown. Request bodies over `max_body_bytes` are answered 413."""
-
-  @contextlib.asynccontextmanager
-  async def lifespan(app):
-    service.worker.start()
-    yield
-    service.worker.close()
-    service.close()
-
-  app = fastapi.FastAPI(title="HAMburger", lifespan=lifespan, docs_url=None, redoc_url=None)
-  app.state.service, app.state.max_body_bytes = service, max_body_bytes
+def _install_error_handlers(app: fastapi.FastAPI) -> None:
+  """Every failure answers with an OpenAI error object (never a plain-text 500)."""
 
   @app.exception_handler(ApiError)
   async def _api_error(request, e: ApiError):
@@ -219,6 +208,23 @@ def create_app(service: Service, max_body_bytes: int = MAX_BODY_BYTES) -> fastap
     kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
     return _error_response(ApiError(e.status_code, f"{request.method} {request.url.path}: "
                                                    f"{e.detail}", kind=kind))
+
+
+def create_app(service: Service, max_body_bytes: int = MAX_BODY_BYTES) -> fastapi.FastAPI:
+  """The ASGI app; its lifespan starts the engine worker and closes it (and the service's text
+  thread) at shutdown. Request bodies over `max_body_bytes` are answered 413."""
+
+  @contextlib.asynccontextmanager
+  async def lifespan(app):
+    service.worker.start()
+    yield
+    service.worker.close()
+    service.close()
+
+  app = fastapi.FastAPI(title="HAMburger", lifespan=lifespan, docs_url=None, redoc_url=None)
+  app.state.service, app.state.max_body_bytes = service, max_body_bytes
+
+  _install_error_handlers(app)
 
   @app.post("/v1/chat/completions")
   async def chat_completions(request: fastapi.Request):

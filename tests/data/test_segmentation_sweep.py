@@ -1,15 +1,9 @@
-"""benchmarks/segmentation_sweep.py: the per-setting statistics on hand-made entropies."""
-
-import os
-import sys
+"""experiments/segmentation_sweep.py: the per-setting statistics on hand-made entropies."""
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))), "benchmarks"))
-
-import segmentation_sweep  # noqa: E402  pylint: disable=g-import-not-at-top,import-error
+from experiments import segmentation_sweep
 
 
 def test_sweep_rows():
@@ -29,6 +23,7 @@ def test_sweep_rows():
   assert small["threshold"] == pytest.approx(0.7386, abs=1e-3)
 
 
+@pytest.mark.slow
 def test_sweep_command_on_a_prepared_dataset(tmp_path, tokenizer_files, helpers, capsys):
   from hamburger_jax.data import prepare  # pylint: disable=g-import-not-at-top
   prepare.main(["--inputs", helpers.SAMPLE_JSONL, "--tokenizer", tokenizer_files["chatml"],

@@ -1,20 +1,19 @@
-"""Fault injection (reduced count for CI; `python benchmarks/fault_injection.py --trials 25` runs
+"""Fault injection (reduced count for CI; `python -m benchmarks.fault_injection --trials 25` runs
 the full one): flipped bytes, truncated files, SIGKILL mid-save, a full tmpfs disk (skipped with
 the reason where tmpfs cannot be mounted) and a NaN state. No finished step is lost and no
 non-finite or altered state is ever restored."""
 
 import collections
 import os
-import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "benchmarks"))
+import pytest
 
-import fault_injection  # noqa: E402  pylint: disable=g-import-not-at-top,import-error
+from benchmarks import fault_injection
 
 TRIALS = int(os.environ.get("FAULT_TRIALS", "10"))
 
 
+@pytest.mark.slow
 def test_no_fault_loses_a_finished_step_or_restores_a_bad_state():
   trials = fault_injection.run_trials(TRIALS, seed=1)
   failed = [t for t in trials if not t["ok"]]

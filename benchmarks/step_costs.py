@@ -1,0 +1,118 @@
+r"""What the pieces of a decode step cost, one measurement per run (picked by --what).
+
+    python -m benchmarks.step_costs --what batch          # micro step, compaction on/off, B 8, 32
+    python -m benchmarks.step_costs --what batch --batch_sizes 8 --repeats 10
+    python -m benchmarks.step_costs --what batch --draft_vocab \
+        hamburger_jax/assets/smollm2_hamburger/draft_vocab.json
+    python -m benchmarks.step_costs --what macro_step     # one macro step per setting, B 1, 8, 32
+    python -m benchmarks.step_costs --what macro_step --batch_sizes 8 --repeats 9
+    python -m benchmarks.step_costs --what few_rows_head  # LM head at 1..32 rows
+    python -m benchmarks.step_costs --what few_rows_head --rows 2,8 --repeats 50
+
+  batch          one micro prefill + micro step of the shipped model at B rows when k continue,
+                 on all B rows and on the k gathered (benchmarks/costs/batch.py)
+  macro_step     one macro step of the continuous batcher, base vs HAMburger at confidence 1 and
+                 at the shipped defaults, merge work skipped or always (costs/macro_step.py)
+  few_rows_head  the LM head at few rows, XLA's dot vs `layers.attend_rows` (costs/few_rows_head.py)
+Settings are timed in rotation and the median reported. Prints the JSON and a markdown table and
+writes the JSON (with "provenance": command, commit, date, machine) to
+docs/results/data/step_costs/{batch_costs,macro_step_costs,few_rows_head}.json unless --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from benchmarks.common import check_flag_groups, positive_ints, results_dir, write_json
+
+GROUPS = {            # flags that apply to one measurement only (dest: default)
+    "batch": {"cache_length": 128, "draft_vocab": ""},
+    "macro_step": {"chunk_steps": 4, "num_prompts": 64},
+    "few_rows_head": {"rows": [1, 2, 4, 8, 12, 16, 32], "vocab": 49152, "hidden": 576},
+}
+DEFAULTS = {"batch": dict(batch_sizes=[8, 32], repeats=15, out="batch_costs.json"),
+            "macro_step": dict(batch_sizes=[1, 8, 32], repeats=7, out="macro_step_costs.json"),
+            "few_rows_head": dict(repeats=30, out="few_rows_head.json")}
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+  """The docstring's layout kept, every flag's default shown."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False,
+                              formatter_class=_Formatter, epilog=__doc__.split("\n\n", 1)[1])
+  p.add_argument("--what", required=True, choices=list(DEFAULTS))
+  p.add_argument("--batch_sizes", type=positive_ints, default=None,
+                 help="batch 8,32; macro_step 1,8,32")
+  p.add_argument("--repeats", type=int, default=None,
+                 help="timed rounds (batch 15, macro_step 7, few_rows_head 30)")
+  p.add_argument("--asset_dir", default=None, help="the shipped model's weights (default: the "
+                 "package's; batch and macro_step)")
+  p.add_argument("--out", default=None, help="the JSON ('' = print only; default under "
+                 "docs/results/data/step_costs/)")
+  g = p.add_argument_group("--what batch")
+  g.add_argument("--cache_length", type=int)
+  g.add_argument("--draft_vocab", help="also time micro steps drafting from this draft "
+                 "vocabulary file (decode/draft_vocab.py)")
+  g = p.add_argument_group("--what macro_step")
+  g.add_argument("--chunk_steps", type=int, help="macro steps per timed chunk")
+  g.add_argument("--num_prompts", type=int, help="held-out prompts cycled through")
+  g = p.add_argument_group("--what few_rows_head")
+  g.add_argument("--rows", type=positive_ints)
+  g.add_argument("--vocab", type=int)
+  g.add_argument("--hidden", type=int)
+  p.set_defaults(**{k: v for flags in GROUPS.values() for k, v in flags.items()})
+  return p
+
+
+def parse_args(argv=None):
+  """-> (parser, args with the defaults of --what filled in)."""
+  parser = build_parser()
+  args = parser.parse_args(argv)
+  check_flag_groups(parser, args, GROUPS, args.what)
+  if args.what == "few_rows_head" and (args.batch_sizes or args.asset_dir):
+    parser.error("--batch_sizes and --asset_dir do not apply to --what few_rows_head.")
+  for dest, default in DEFAULTS[args.what].items():
+    if getattr(args, dest) is None:
+      setattr(args, dest, os.path.join(results_dir("step_costs"), default) if dest == "out"
+              else default)
+  if args.what == "macro_step" and min(args.repeats, args.chunk_steps, args.num_prompts) < 1:
+    parser.error("--repeats, --chunk_steps and --num_prompts must be >= 1.")
+  if args.what != "few_rows_head":
+    from hamburger_jax.shipped import smollm2  # pylint: disable=import-outside-toplevel
+    args.asset_dir = args.asset_dir or smollm2.ASSET_DIR
+  return parser, args
+
+
+def measure(parser, args) -> tuple[dict, str]:
+  """-> (result JSON, markdown table) of args.what."""
+  # pylint: disable=import-outside-toplevel
+  if args.what == "few_rows_head":
+    from benchmarks.costs import few_rows_head
+    return few_rows_head.measure(args)
+  if args.what == "macro_step":
+    from benchmarks.costs import macro_step
+    return macro_step.measure(args)
+  from benchmarks.costs import batch
+  from hamburger_jax.decode import draft_vocab
+  try:
+    loaded = batch.load(args)
+  except draft_vocab.DraftVocabError as e:
+    parser.error(f"--draft_vocab: {e}")
+  return batch.measure(args, loaded)
+
+
+def main(argv=None):
+  parser, args = parse_args(argv)
+  result, table = measure(parser, args)
+  write_json(result, args.out, __spec__.name, argv)
+  print(table)
+  print(json.dumps(result))
+  return result
+
+
+if __name__ == "__main__":
+  main()
