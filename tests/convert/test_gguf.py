@@ -145,6 +145,7 @@ def tiny_gguf(tmp_path):
 # Tiny files: layout, un-permutation, config.
 
 @pytest.mark.parametrize("tied,n_kv", [(True, 2), (False, 4), (False, 1)])
+@pytest.mark.slow
 def test_tiny_gguf_round_trips_to_hf_params(tmp_path, tied, n_kv):
   cfg = dataclasses.replace(TINY, tie_word_embeddings=tied, num_kv_heads=n_kv)
   params, hf = tiny_model(cfg, seed=n_kv)
@@ -351,6 +352,7 @@ def _params_weight(params):
 
 
 @requires_smollm2
+@pytest.mark.slow
 def test_smollm2_config_matches_preset(smollm2):
   cfg, params = smollm2
   assert cfg == BASE_PRESETS["smollm2-135m"]
@@ -360,6 +362,7 @@ def test_smollm2_config_matches_preset(smollm2):
 
 
 @requires_smollm2
+@pytest.mark.slow
 def test_smollm2_logits_match_numpy_reference(smollm2, smollm2_tokenizer, smollm2_reader):
   from hamburger_jax.text.gguf_tokenizer import apply_chatml
   cfg, params = smollm2
@@ -401,6 +404,7 @@ def greedy(cfg, params, prompt_ids, eos_ids, max_new=20, length=64):
 
 
 @requires_smollm2
+@pytest.mark.slow
 def test_smollm2_greedy_answer_mentions_paris(smollm2, smollm2_tokenizer):
   from hamburger_jax.text.gguf_tokenizer import apply_chatml
   cfg, params = smollm2
@@ -533,6 +537,7 @@ def test_smollm2_tokenizer_vocab_specials_and_template(smollm2_tokenizer, smollm
   assert os.path.isfile(tmp_path / "tok" / "tokenizer_config.json")
 
 
+@pytest.mark.slow
 def test_copy_of_real_file_truncated_in_data(tmp_path):
   """A big file cut in the middle of its tensor data (the common failed-download case)."""
   if SMOLLM2 is None:

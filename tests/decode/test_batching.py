@@ -42,6 +42,7 @@ def _run(b, ids, late=()):
   return events, submitted
 
 
+@pytest.mark.slow
 def test_greedy_requests_decode_as_alone_while_others_come_and_go(batcher):
   ids = {batcher.submit(Request(PROMPTS[i], MAX_NEW[i], CONF[i])): i for i in range(5)}
   events, submitted = _run(batcher, ids, late=(5, 6, 7))

@@ -39,6 +39,7 @@ def _run(stdin="", **kwargs):
   return code, out.getvalue(), err.getvalue()
 
 
+@pytest.mark.slow
 def test_token_ids_json_end_to_end(ckpt):
   # The README's form: the prompt ids as a positional argument after --token_ids.
   proc = _decode_py("--ckpt", ckpt, "--token_ids", "1,5,7", "--json",
@@ -63,6 +64,7 @@ def test_token_ids_json_end_to_end(ckpt):
   assert row["finish_reason"] == ref.finish_reasons[0]
 
 
+@pytest.mark.slow
 def test_streamed_text_with_groups_and_stdin_batch(ckpt):
   proc = _decode_py("--ckpt", ckpt, "--token_ids", "--prompt", "1,5,7", "--show_groups",
                     "--max_new_tokens", "12", "--confidence", "0.5", "--stream_steps", "2")
@@ -80,6 +82,7 @@ def test_streamed_text_with_groups_and_stdin_batch(ckpt):
   assert [r["tokens"] for r in rows] == ref.tokens
 
 
+@pytest.mark.slow
 def test_base_mode_and_prompt_file(ckpt, tmp_path):
   prompts = tmp_path / "prompts.txt"
   prompts.write_text("1,5,7\n1,9,9,9\n")
@@ -136,6 +139,7 @@ class _TTY(io.StringIO):
     (dict(prompt_file="/nonexistent/prompts.txt"), "Cannot read --prompt_file"),
     (dict(prompt="1,5", top_p=0.0), "top_p"),
 ])
+@pytest.mark.slow
 def test_bad_input_gives_exit_code_2_and_a_clear_message(ckpt, kwargs, message):
   kwargs = {"ckpt": ckpt, "token_ids": True, **kwargs}
   code, out, err = _run(**kwargs)
@@ -149,6 +153,7 @@ def test_bad_input_gives_exit_code_2_and_a_clear_message(ckpt, kwargs, message):
     (["--prompt", "1,999"], "outside the vocabulary"),
     (["--prompt", "1,5", "1,6"], "Give the prompt once"),
 ])
+@pytest.mark.slow
 def test_bad_input_in_a_subprocess(ckpt, args, message):
   proc = _decode_py("--ckpt", ckpt, "--token_ids", *args)
   assert proc.returncode == 2, proc.stderr
@@ -183,6 +188,7 @@ def test_unset_knobs_take_the_checkpoints_recommendation(ckpt, monkeypatch):
   assert (s.confidence, s.min_token_prob) == (None, 0.3)
 
 
+@pytest.mark.slow
 def test_a_checkpoints_draft_vocabulary_is_used_unless_full_is_asked(ckpt, tmp_path):
   import shutil
   from hamburger_jax.decode import draft_vocab

@@ -42,6 +42,7 @@ def _check_fenced(result, row, fences):
   return inside_groups
 
 
+@pytest.mark.slow
 def test_fenced_code_decodes_one_token_per_step():
   sampler = small_sampler(0)
   free = sampler.decode(PROMPTS, **KNOBS)
@@ -67,6 +68,7 @@ def test_fence_ids_are_traced_and_checked():
     sampler.decode(PROMPTS, fence_ids=list(range(33)), **KNOBS)
 
 
+@pytest.mark.slow
 def test_continuous_batching_keeps_each_rows_fence_state():
   cfg, params = small_model(0)
   sampler = small_sampler(0)

@@ -63,6 +63,7 @@ def test_bad_files_give_one_line_errors(tmp_path, content, message):
   assert "\n" not in str(e.value)
 
 
+@pytest.mark.slow
 def test_decode_model_checks_ids_and_gathers_head_rows():
   cfg, params = small_model(0)
   with pytest.raises(dv.DraftVocabError, match=r"0..255"):
@@ -82,6 +83,7 @@ def test_decode_model_checks_ids_and_gathers_head_rows():
   assert base_model.draft_size == 0                                       # no drafts
 
 
+@pytest.mark.slow
 def test_a_drafts_probability_is_normalised_as_over_the_whole_vocabulary():
   import jax
   import jax.numpy as jnp
@@ -102,6 +104,7 @@ def test_a_drafts_probability_is_normalised_as_over_the_whole_vocabulary():
   assert weight == 2.0 and not set(ids.tolist()) & set(SMALL_IDS.tolist()) and len(set(ids)) == 96
 
 
+@pytest.mark.slow
 def test_the_whole_vocabulary_in_any_order_decodes_as_without_one():
   full = _sampler(None).decode(PROMPTS, min_token_prob=0.01, **KNOBS)
   permuted = _sampler(np.random.default_rng(0).permutation(256)).decode(
@@ -112,6 +115,7 @@ def test_the_whole_vocabulary_in_any_order_decodes_as_without_one():
                              atol=1e-5)
 
 
+@pytest.mark.slow
 def test_drafts_come_only_from_the_draft_vocabulary():
   r = _sampler(SMALL_IDS).decode(PROMPTS, **KNOBS)
   allowed = set(SMALL_IDS.tolist())
@@ -128,6 +132,7 @@ def test_drafts_come_only_from_the_draft_vocabulary():
   assert drafted > 5 and outside
 
 
+@pytest.mark.slow
 def test_no_drafts_is_still_the_base_answer():
   cfg, params = small_model(0)
   base = Sampler(cfg, params, base=True, cache_length=CACHE_LENGTH, out_length=OUT_LENGTH)
@@ -136,6 +141,7 @@ def test_no_drafts_is_still_the_base_answer():
   assert all(set(sizes) == {1} for sizes in r.group_sizes)
 
 
+@pytest.mark.slow
 def test_continuous_batcher_decodes_as_the_sampler_alone_without_recompiling():
   cfg, params = small_model(0)
   sampler = _sampler(SMALL_IDS)

@@ -23,6 +23,7 @@ def _prompt(rng, length):
 @settings(max_examples=10, deadline=None, derandomize=True)
 @given(seed=st.integers(0, 2), prompt_len=st.integers(1, 17), prompt_seed=st.integers(0, 10**6),
        confidence=st.floats(0.05, 1.0), max_new=st.integers(1, 32))
+@pytest.mark.slow
 def test_greedy_decode_matches_teacher_forced_forward(seed, prompt_len, prompt_seed, confidence,
                                                       max_new):
   cfg, params = small_model(seed)
@@ -33,6 +34,7 @@ def test_greedy_decode_matches_teacher_forced_forward(seed, prompt_len, prompt_s
   check_against_teacher_forcing(cfg, params, prompt, r, 0, confidence)
 
 
+@pytest.mark.slow
 def test_consistency_covers_long_and_short_groups():
   cfg, params = small_model(0)
   sampler = small_sampler(0)
@@ -157,6 +159,7 @@ def test_streaming_yields_chunks_and_the_same_result():
   assert chunks[-1].finish_reasons == whole.finish_reasons
 
 
+@pytest.mark.slow
 def test_no_recompilation_across_prompts_and_runtime_settings():
   # A buffer length no other test uses, so this engine starts uncompiled.
   sampler = small_sampler(0, cache_length=40, out_length=24)
@@ -182,6 +185,7 @@ def test_no_recompilation_across_prompts_and_runtime_settings():
   assert traced == {"prefill": 3, "loop": 2}
 
 
+@pytest.mark.slow
 def test_jit_cache_key_ignores_runtime_values():
   """Without the AOT cache: plain jax.jit of the loop traces once for different knob values."""
   sampler = small_sampler(0)
@@ -224,6 +228,7 @@ def test_the_loop_updates_its_state_in_place():
   assert int(out.num_out[0]) == 4
 
 
+@pytest.mark.slow
 def test_compacted_micro_steps_give_each_row_the_same_numbers():
   """At 8 rows micro steps run on the continuing rows only, gathered into 1/2/4/8-row buckets."""
   compact = small_sampler(0, compact_micro_steps=True)

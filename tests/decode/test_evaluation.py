@@ -2,6 +2,7 @@
 
 import jax
 import numpy as np
+import pytest
 
 from hamburger_jax.decode import evaluation
 from hamburger_jax.model.config import get_preset
@@ -33,6 +34,7 @@ def test_agreement():
   assert evaluation.agreement([], []) == (0.0, True)
 
 
+@pytest.mark.slow
 def test_measure_on_tiny_random_model():
   """The benchmark's numbers are consistent with each other (the real figures need trained weights)."""
   cfg = get_preset("tiny")
@@ -55,6 +57,7 @@ def test_measure_on_tiny_random_model():
   assert "| hamburger | 0.500 |" in evaluation.format_table(result)
 
 
+@pytest.mark.slow
 def test_measure_batch_size_changes_speed_not_quality():
   """One prompt per call or all together: the same tokens and quality figures, per-row macro steps."""
   cfg = get_preset("tiny")

@@ -58,6 +58,7 @@ def hf(tmp_path_factory):
   return cfg, params, expected
 
 
+@pytest.mark.slow
 def test_plain_decoding_matches_transformers_generate(hf):
   cfg, params, expected = hf
   r = Sampler(cfg, params, cache_length=32, out_length=NEW_TOKENS).decode(
@@ -67,6 +68,7 @@ def test_plain_decoding_matches_transformers_generate(hf):
   assert r.stats()["kv_slots_used"] == r.stats()["kv_slots_base"]
 
 
+@pytest.mark.slow
 def test_hamburger_with_group_cap_one_matches_plain_decoding(hf):
   cfg, base_params, expected = hf
   hcfg = HamburgerConfig(base=cfg, feature_layers=(0,), merger_heads=4)
@@ -87,6 +89,7 @@ def official():
   return cfg, params
 
 
+@pytest.mark.slow
 def test_official_fixture_weights_decode_consistently(official):
   cfg, params = official
   sampler = Sampler(cfg, params, cache_length=48, out_length=32)

@@ -22,6 +22,7 @@ def test_zero_is_the_stop_head_rule_alone():
     assert check_against_teacher_forcing(cfg, params, prompt, r, row, KNOBS["confidence"]) > 10
 
 
+@pytest.mark.slow
 def test_one_gives_one_token_per_step_and_the_base_answer():
   cfg, params = small_model(0)
   knobs = dict(KNOBS, max_new_tokens=20)        # one KV slot per token: fits the buffer
@@ -52,6 +53,7 @@ def test_only_trusted_drafts_join_a_group():
   assert decisions > 10
 
 
+@pytest.mark.slow
 def test_no_recompilation_across_trust_values():
   sampler = small_sampler(0, cache_length=36, out_length=32)   # a fresh engine
   before = dict(loop_lib.TRACE_COUNTS)

@@ -14,6 +14,7 @@ pytestmark = pytest.mark.skipif(not aot.libtpu_available(),
 
 
 @pytest.mark.run_first   # ~370 CPU-s of compiling (3.6 min on 2 cores, 4.7 GB resident)
+@pytest.mark.slow
 def test_llama3_1b_recipe_train_step_fits_v5e_2x4():
   from configs import llama3_1b
   config = llama3_1b.get_config()
@@ -27,6 +28,7 @@ def test_llama3_1b_recipe_train_step_fits_v5e_2x4():
   assert 1.0 < report["matmul_flops"] * 8 / model_flops(config) <= 1.4, report
 
 
+@pytest.mark.slow
 def test_decode_loop_compiles_for_one_v5e_chip():
   from hamburger_jax.model.config import get_preset
   cfg = get_preset("tiny")

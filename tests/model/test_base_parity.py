@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 
 
 @pytest.mark.parametrize("tie", [True, False])
+@pytest.mark.slow
 def test_logits_match_transformers(tmp_path, tie):
   model = tiny_hf_llama(tie)
   model.save_pretrained(tmp_path, safe_serialization=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from hamburger_jax.model.attention_ops import xla_attention
 from hamburger_jax.model.kv_attention import cached_attention
@@ -32,6 +33,7 @@ def _reference(q, k, v, slots):
   return xla_attention(q, k, v, mask)
 
 
+@pytest.mark.slow
 def test_equals_full_masked_attention_at_any_fill_level():
   for t, slots in ((1, [0, 9, 36]), (1, [20, 3, 17]), (5, [0, 8, 32]), (4, [16, 16, 1])):
     q, k, v = _inputs(t)

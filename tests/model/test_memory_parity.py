@@ -91,6 +91,7 @@ def _qkv(b=2, t=37, n=4, kh=2, h=8, seed=0):
 
 
 @pytest.mark.parametrize("block", [8, 64])      # 8: 37 keys padded to 40; 64: one block
+@pytest.mark.slow
 def test_blockwise_attention_equals_xla(block):
   q, k, v, seg = _qkv()
   ref_fn = lambda q, k, v: xla_attention(q, k, v, causal_segment_mask(seg))
@@ -115,28 +116,34 @@ def test_blockwise_attention_keeps_packed_rows_isolated():
   assert np.abs(np.asarray(out2 - out)[0, 10:22]).max() > 1e-2
 
 
+@pytest.mark.slow
 def test_full_remat_same_loss_and_grads():
   assert_same(loss_and_grads(Execution(remat="full")), reference())
 
 
 @pytest.mark.parametrize("policy", [p for p in REMAT_POLICIES if p not in ("none", "full")])
+@pytest.mark.slow
 def test_remat_policy_same_base_loss_and_grads(policy):     # base layers only: a faster compile
   assert_same(loss_and_grads(Execution(remat=policy), mode="base_lm"), reference("base_lm"))
 
 
+@pytest.mark.slow
 def test_blockwise_model_same_loss_and_grads():
   assert_same(loss_and_grads(Execution(attention="blockwise", attention_block=8)), reference())
 
 
+@pytest.mark.slow
 def test_chunked_loss_same_loss_and_grads():
   assert_same(loss_and_grads(chunk=10), reference())     # 24 positions: the last chunk is padded
 
 
+@pytest.mark.slow
 def test_chunked_distillation_and_base_lm_same_loss_and_grads():
   assert_same(loss_and_grads(chunk=8, kl=0.5), reference(kl=0.5))
   assert_same(loss_and_grads(chunk=8, mode="base_lm"), reference(mode="base_lm"))
 
 
+@pytest.mark.slow
 def test_scan_layers_same_loss_and_grads():
   assert scan_segments(5, (1, 2)) == [(0, 2), (2, 3), (3, 5)]
   assert scan_segments(3, (0,)) == [(0, 1), (1, 3)]
@@ -144,6 +151,7 @@ def test_scan_layers_same_loss_and_grads():
   assert_same(loss_and_grads(ex, chunk=8), reference())
 
 
+@pytest.mark.slow
 def test_scan_of_scans_same_loss_and_grads():
   """Runs of equal length (layers 0-1 | 2-3) and a scanned two-layer micro decoder."""
   ex = Execution(scan_layers=True, remat="full")

@@ -6,6 +6,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from hamburger_jax.convert.native import load_hamburger, save_hamburger
 from hamburger_jax.decode import compaction
@@ -40,6 +41,7 @@ def _features(cfg, params, sizes):
   return np.asarray(out.features[0]), np.asarray(out.logits[0]), batch
 
 
+@pytest.mark.slow
 def test_fresh_adapter_is_the_identity():
   cfg, params = small_model(0)
   cfg_a = cfg.replace(merge_adapter_rank=RANK)
@@ -65,6 +67,7 @@ def test_adapter_acts_only_at_merged_positions():
   assert (changed[first_merged:int((batch["segment_ids"][0] > 0).sum())] > 1e-3).all()
 
 
+@pytest.mark.slow
 def test_decode_with_adapter_matches_teacher_forcing():
   cfg, params = adapted_model(0)
   sampler = Sampler(cfg, params, cache_length=32, out_length=24)
@@ -77,6 +80,7 @@ def test_decode_with_adapter_matches_teacher_forcing():
   assert merged > 5 and decisions > 20
 
 
+@pytest.mark.slow
 def test_continuous_batching_with_an_adapter_decodes_as_alone():
   cfg, params = adapted_model(0)
   sampler = Sampler(cfg, params, cache_length=32, out_length=24)
@@ -89,6 +93,7 @@ def test_continuous_batching_with_an_adapter_decodes_as_alone():
   assert max(max(c.group_sizes) for c in done) > 1
 
 
+@pytest.mark.slow
 def test_one_token_per_step_with_an_adapter_is_the_base():
   cfg, params = adapted_model(0)
   r = Sampler(cfg, params, cache_length=32, out_length=20).decode(
@@ -99,6 +104,7 @@ def test_one_token_per_step_with_an_adapter_is_the_base():
   assert r.tokens == base.tokens
 
 
+@pytest.mark.slow
 def test_adapter_is_trained_and_gets_gradients():
   assert "merge_adapter" in optim.trainable_keys("hamburger", freeze_base=True)
   cfg, params = adapted_model(0)
@@ -129,6 +135,7 @@ def test_export_round_trip_and_a_fresh_adapter_on_an_older_checkpoint(tmp_path):
 
 
 
+@pytest.mark.slow
 def test_skipping_merge_work_when_nothing_is_merged_gives_the_same_numbers():
   """On CPU a forward with no merged input skips the embedder's merge and the adapter; rows of
   one batch still mix merged and unmerged macro steps, and every prefill is unmerged."""

@@ -37,6 +37,7 @@ def test_group_of_one_is_plain_embedding():
   np.testing.assert_array_equal(np.asarray(merged), np.asarray(plain))
 
 
+@pytest.mark.slow
 def test_padding_beyond_group_length_changes_nothing():
   params = random_params_nonzero_bias()
   rng = np.random.RandomState(0)
@@ -64,6 +65,7 @@ def _examples(rng, n):
   return out
 
 
+@pytest.mark.slow
 def test_packed_rows_equal_one_example_per_row():
   params = random_params_nonzero_bias()
   examples = _examples(np.random.RandomState(2), 5)
@@ -78,6 +80,7 @@ def test_packed_rows_equal_one_example_per_row():
                              atol=2e-5)
 
 
+@pytest.mark.slow
 def test_cached_base_forward_equals_full_forward():
   """Prefill then one macro input at a time through the KV cache == one full forward."""
   rng = np.random.RandomState(3)
@@ -99,6 +102,7 @@ def test_cached_base_forward_equals_full_forward():
   np.testing.assert_allclose(np.concatenate(feats, 1), full.features, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_micro_step_mode_equals_teacher_forced():
   rng = np.random.RandomState(4)
   feats = jnp.asarray(rng.randn(3, CFG.num_features, CFG.base.hidden_size).astype(np.float32))
@@ -125,6 +129,7 @@ def test_llama3_1b_preset_parameter_count():
   assert shapes["embedder"]["k_proj"]["kernel"].shape == (3072, 2048)
 
 
+@pytest.mark.slow
 def test_bf16_compute():
   cfg = CFG.replace(base=dataclasses.replace(CFG.base, dtype="bfloat16"))
   batch = make_batch(_examples(np.random.RandomState(5), 2), S, seq_len=32)
@@ -147,6 +152,7 @@ def test_params_carry_logical_axes():
   assert all(all(a is not None for a in spec) for spec in leaves)
 
 
+@pytest.mark.slow
 def test_gathered_targets_give_the_same_loss():
   from hamburger_jax.train.losses import hamburger_loss
   examples = _examples(np.random.RandomState(6), 4)
@@ -162,6 +168,7 @@ def test_gathered_targets_give_the_same_loss():
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 8, 12, 32])
+@pytest.mark.slow
 def test_decoding_heads_equal_the_training_heads(rows):
   """The decode-time LM head (a multiply and sum over D at 2-32 rows on CPU) is the same product."""
   from hamburger_jax.model import layers

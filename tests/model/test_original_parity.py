@@ -42,6 +42,7 @@ def forward(request):
   return cfg, batch, out
 
 
+@pytest.mark.slow
 def test_logits_and_stops(forward):
   _, batch, out = forward
   keep = np.arange(4) < batch["target_lengths"][..., None]     # [B, M, S]: rows in golden order

@@ -1,6 +1,5 @@
 """Shared setup of the server tests: a tiny random model, a word tokenizer covering its vocabulary,
-and servers on free 127.0.0.1 ports (uvicorn in a thread, or serve.py in a subprocess). Puts
-benchmarks/ on sys.path (the load client is benchmarks/serve_load.py)."""
+and servers on free 127.0.0.1 ports (uvicorn in a thread, or serve.py in a subprocess)."""
 
 from __future__ import annotations
 
@@ -24,7 +23,6 @@ from hamburger_jax.testing.fixtures import random_params, tiny_config
 from hamburger_jax.text.tokenizer import Tokenizer
 
 from tests.fixture_paths import REPO
-sys.path.insert(0, os.path.join(REPO, "benchmarks"))       # serve_load: the load client
 MODEL = "hamburger-tiny"
 CACHE_LENGTH = 64
 CHATML = ["<|im_start|>", "<|im_end|>", "<|endoftext|>"]

@@ -93,6 +93,7 @@ async def _ask(client, url, **body):
                                                           "max_tokens": 4, **body})
 
 
+@pytest.mark.slow
 def test_full_queue_is_503_with_retry_after(gated):
   server, engine = gated
 

@@ -21,6 +21,7 @@ def default_server(tiny_model, tokenizer):
     yield server
 
 
+@pytest.mark.slow
 def test_lm_eval_chat_completions_on_a_local_task(default_server, tmp_path):
   model_args = (f"model={MODEL},base_url={default_server.url}/v1/chat/completions,"
                 "num_concurrent=4,max_retries=1")

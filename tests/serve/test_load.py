@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 
-import serve_load  # pylint: disable=import-error
+import pytest
+
+from benchmarks import serve_load
 from tests.serve.conftest import CACHE_LENGTH, MODEL, make_engine, serving
 from hamburger_jax.decode.sampler import TRACE_COUNTS
 
@@ -18,6 +20,7 @@ def test_load_nothing_lost_or_mixed(server, tiny_model):
   _check_load(server, tiny_model)
 
 
+@pytest.mark.slow
 def test_load_with_compacted_micro_steps(tiny_model, tokenizer):
   cfg, params = tiny_model
   engine = make_engine("continuous", cfg, params, compact_micro_steps=True)

@@ -56,6 +56,7 @@ def base_log_probs(tiny_model):
   return run
 
 
+@pytest.mark.slow
 def test_echo_logprobs_are_the_base_models_and_the_first_token_is_its_top(server, tokenizer,
                                                                           base_log_probs):
   ids = tokenizer.encode(PROMPT)
@@ -239,6 +240,7 @@ def test_tokenizer_endpoints(server, tiny_model, tokenizer):
     assert resp.status_code == 400 and resp.json()["error"]["param"] == param
 
 
+@pytest.mark.slow
 def test_lm_eval_log_likelihood_on_a_local_multiple_choice_task(tiny_model, tokenizer,
                                                                  base_log_probs, tmp_path):
   cfg, params = tiny_model
@@ -265,6 +267,7 @@ def test_lm_eval_log_likelihood_on_a_local_multiple_choice_task(tiny_model, toke
       assert float(loglik) == pytest.approx(want, abs=1e-4)
 
 
+@pytest.mark.slow
 def test_lm_eval_rolling_log_likelihood_on_a_local_perplexity_task(tiny_model, tokenizer,
                                                                   base_log_probs, tmp_path):
   cfg, params = tiny_model

@@ -46,6 +46,7 @@ def ckpt_dir(tmp_path_factory):
   return path
 
 
+@pytest.mark.slow
 def test_sigterm_finishes_in_flight_requests(ckpt_dir):
   port = free_port()
   proc = run_script("--ckpt", ckpt_dir, "--port", str(port), "--engine", "serial",
@@ -78,6 +79,7 @@ def test_sigterm_finishes_in_flight_requests(ckpt_dir):
     (["--ckpt", "x", "--cache_length", "zero"], "invalid int value"),
     ([], "--ckpt is required"),
 ])
+@pytest.mark.slow
 def test_bad_command_lines_exit_2_with_one_line(args, message):
   proc = run_script(*args)
   out, err = proc.communicate(timeout=120)

@@ -7,10 +7,7 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "benchmarks"))
-
-import fault_injection  # noqa: E402  pylint: disable=g-import-not-at-top,import-error
+from benchmarks import fault_injection
 
 from tests.fixture_paths import REPO
 
@@ -30,6 +27,7 @@ def _train(workdir, *args, timeout=600):
     (["--config.data.source=tfds"], "error: data.source='tfds' needs data.name and data.data_dir"),
     (["extra"], "error: Unexpected arguments: ['extra']"),
 ])
+@pytest.mark.slow
 def test_bad_settings_are_one_line(tmp_path, args, message):
   out = _train(tmp_path / "w", *args)
   assert out.returncode == 2, out.stderr[-2000:]
@@ -45,6 +43,7 @@ def test_workdir_that_is_a_file(tmp_path):
       f"error: --workdir {tmp_path / 'f'} is a file, not a directory: pass a directory path.")
 
 
+@pytest.mark.slow
 def test_full_disk_is_one_line_and_the_run_resumes(tmp_path):
   mnt = tmp_path / "small"
   why = fault_injection.mount_tmpfs(str(mnt), "5m")

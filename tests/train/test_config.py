@@ -71,6 +71,7 @@ def test_unknown_key_is_an_error_in_python_and_on_the_command_line(tmp_path):
   assert not os.path.exists(tmp_path / "w")
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_with_the_step_and_keeps_the_good_checkpoint(tmp_path):
   c = _config(**{"num_train_steps": 20, "optim.base_lr": 1e30, "optim.grafted_lr": 1e30,
                  "optim.warmup_steps": 0, "optim.grad_clip_norm": 0.0,

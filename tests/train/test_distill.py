@@ -5,6 +5,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from configs import tiny
 from hamburger_jax.train.loop import train_and_evaluate
@@ -91,6 +92,7 @@ def test_teacher_logits_match_the_base_model_on_plain_sequences():
     np.testing.assert_allclose(student.logits[r, first, 0], ref[t - 1], atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_training_with_distillation_keeps_the_teacher_frozen(tmp_path):
   c = tiny.get_config()
   c.update_from_flattened_dict({"num_train_steps": 3, "loss.kl_weight": 0.5,

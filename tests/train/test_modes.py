@@ -2,6 +2,7 @@
 
 import jax
 import numpy as np
+import pytest
 
 from configs import base_lm_tiny, tiny
 from hamburger_jax.train.loop import train_and_evaluate
@@ -19,6 +20,7 @@ def _config(module, **overrides):
   return c
 
 
+@pytest.mark.slow
 def test_base_lm_then_frozen_base_finetune(tmp_path):
   base_dir = tmp_path / "base_lm"
   c = _config(base_lm_tiny, **{"num_train_steps": 30, "eval.every_steps": 30,

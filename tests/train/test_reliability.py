@@ -7,7 +7,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 
 import jax
 import ml_collections
@@ -24,10 +23,7 @@ from hamburger_jax.train.run_config import ConfigError, model_config, validate_c
 from hamburger_jax.train.setup import Setup
 from hamburger_jax.train.signals import Interrupted, StopOnSignal
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "benchmarks"))
-
-import fault_injection  # noqa: E402  pylint: disable=g-import-not-at-top,import-error
+from benchmarks import fault_injection
 
 STEPS, EVERY = 6, 2
 
@@ -82,6 +78,7 @@ def _restore(workdir, config=None):
   return step, state
 
 
+@pytest.mark.slow
 def test_corrupt_latest_checkpoint_is_skipped_and_training_resumes_from_the_good_one(
     base_run, tmp_path, caplog):
   workdir = _copy(base_run, tmp_path)

@@ -97,6 +97,7 @@ def _check_resumed(rows_before, workdir, resumed_from, reference):
   assert rows[:resumed_from] == rows_before[:resumed_from]          # earlier rows kept as they were
 
 
+@pytest.mark.slow
 def test_sigkill_mid_run_resumes_exactly(tmp_path, env, reference):
   rc = _start_and_signal(tmp_path, env, signal.SIGKILL)
   assert rc == -signal.SIGKILL
@@ -110,6 +111,7 @@ def test_sigkill_mid_run_resumes_exactly(tmp_path, env, reference):
   _check_resumed(rows, tmp_path, saved, reference)
 
 
+@pytest.mark.slow
 def test_sigkill_during_save_keeps_previous_checkpoint(tmp_path, env, reference):
   kill_step = 3 * EVERY
   proc = subprocess.run(_cmd(tmp_path, ("-c", _KILL_IN_SAVE)), cwd=REPO,
@@ -125,6 +127,7 @@ def test_sigkill_during_save_keeps_previous_checkpoint(tmp_path, env, reference)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.slow
 def test_signal_saves_and_exits_with_its_code(tmp_path, env, reference, sig):
   proc = subprocess.Popen(_cmd(tmp_path), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE, text=True)

@@ -97,6 +97,7 @@ def _run(workdir, devices: int, mesh, cache_dir):
   return json.loads(line[len("RESULT "):]), losses, evals
 
 
+@pytest.mark.slow
 def test_eight_devices_match_one(tmp_path, tmp_path_factory):
   cache = tmp_path_factory.getbasetemp() / "jax_cache"
   one, losses_1, eval_1 = _run(tmp_path / "one", 1, {"data": 1, "fsdp": 1, "tensor": 1}, cache)

@@ -31,6 +31,7 @@ def run(tmp_path_factory):
   return workdir, state
 
 
+@pytest.mark.slow
 def test_loss_goes_down(run):
   workdir, state = run
   assert int(state.step) == 40

@@ -89,6 +89,7 @@ def test_readable_target_drops_groups_whose_merge_the_base_misreads():
   np.testing.assert_array_equal(sc.merge_read_right(o2), [True, True, True])
 
 
+@pytest.mark.slow
 def test_collect_matches_the_training_forward_inside_groups():
   cfg = tiny_config(num_layers=2)
   params = random_params(cfg, seed=1)
