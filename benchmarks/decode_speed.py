@@ -18,6 +18,10 @@ Three measurements, picked by flags:
   --micro_layers 2,4          the shipped model's base with random micro decoders of each depth
       whose stop head always continues: the decode-speed ceiling, batch 1
       (benchmarks/speed/micro_layers.py). JSON to docs/results/data/step_costs/micro_layers.json.
+  --engine verify             verified decoding of the shipped model against its base on held-out
+      mixed and code prompts, per batch size and drafting confidence: same answers, tokens per
+      forward, acceptance per draft, tokens/s (benchmarks/speed/verified.py). JSON to
+      docs/results/data/quality/verify_speed.json.
   --engine batch,continuous   the shipped HAMburger-SmolLM2 on held-out prompts, static batches
       (`batch`, spelt `static` in the JSON) and/or continuous batching, per micro-step policy,
       with token agreement and base NLL (benchmarks/speed/batched.py). JSON {"rows",
@@ -44,11 +48,15 @@ GROUPS = {            # flags that apply to one measurement only (dest: default)
                 "policies": "all,fraction:0.25,fraction:0.5,min_rows:4", "chunk_steps": 8,
                 "length_spread": 0.0, "draft_vocabs": "shipped", "compare_compact": 0,
                 "code_fences": 1},
+    "verify": {"prompt_sets": "both,code", "draft_confidences": "0.001,0.3,0.5",
+               "verify_prompts": 24},
 }
 DEFAULTS = {"sampler": dict(batch_sizes="1,8", out=("step_costs", "decode_speed.json")),
             "micro_layers": dict(max_new_tokens=128, out=("step_costs", "micro_layers.json")),
             "batched": dict(batch_sizes="1,8,32", max_new_tokens=64,
-                            out=("serving", "batching_speed.json"))}
+                            out=("serving", "batching_speed.json")),
+            "verify": dict(batch_sizes="1,8,32", max_new_tokens=64,
+                           out=("quality", "verify_speed.json"))}
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -60,9 +68,10 @@ class _Engines(argparse.Action):
 
   def __call__(self, parser, namespace, values, option_string=None):
     names = ["batch" if n == "static" else n for n in values.split(",") if n]
-    if names != ["sampler"] and (not names or set(names) - {"batch", "continuous"}):
+    if names not in (["sampler"], ["verify"]) and (
+        not names or set(names) - {"batch", "continuous"}):
       parser.error(f"{option_string} must name static and/or continuous (static may be written "
-                   f"batch), or be sampler alone; got {values!r}")
+                   f"batch), or be sampler or verify alone; got {values!r}")
     setattr(namespace, self.dest, names)
 
 
@@ -71,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
                               formatter_class=_Formatter,
                               epilog=__doc__.split("\n\n", 1)[1])
   p.add_argument("--engine", "--engines", action=_Engines, default=["sampler"],
-                 help="sampler (default), or batch (= static) and/or continuous")
+                 help="sampler (default), batch (= static) and/or continuous, or verify")
   p.add_argument("--micro_layers", type=positive_ints, default=None,
                  help="micro-decoder depths to compare, e.g. 2,4 (sampler engine)")
   p.add_argument("--batch_sizes", default=None, help="comma-separated (default 1,8; batched "
@@ -94,7 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
   s.add_argument("--seed", type=int, help="weights and prompts seed")
   s.add_argument("--quick", action="store_true", help="lengths <= 256 only, 2 repeats")
   _batched_flags(p.add_argument_group("batch and continuous engines"))
-  p.set_defaults(**GROUPS["sampler"], **GROUPS["batched"])
+  v = p.add_argument_group("verify engine")
+  v.add_argument("--prompt_sets", help="held-out prompt sets, comma-separated (both, code, ..)")
+  v.add_argument("--draft_confidences", help="drafting confidences, comma-separated")
+  v.add_argument("--verify_prompts", type=int, help="prompts per set")
+  p.set_defaults(**GROUPS["sampler"], **GROUPS["batched"], **GROUPS["verify"])
   return p
 
 
@@ -142,7 +155,7 @@ def parse_args(argv=None):
   if args.micro_layers and args.engine != ["sampler"]:
     parser.error("--micro_layers runs with the sampler engine only.")
   mode = ("micro_layers" if args.micro_layers else "sampler") if args.engine == ["sampler"] \
-      else "batched"
+      else "verify" if args.engine == ["verify"] else "batched"
   check_flag_groups(parser, args, GROUPS, mode)
   if mode == "sampler" and args.max_new_tokens is not None:
     parser.error("--max_new_tokens applies to the batched engines and --micro_layers: the "
@@ -224,9 +237,19 @@ def run_batched(args, argv) -> dict:
   return result
 
 
+def run_verified(args, argv) -> dict:
+  from benchmarks.speed import verified  # pylint: disable=import-outside-toplevel
+  result = verified.measure(args)
+  write_json(result, args.out, __spec__.name, argv)
+  print(verified.format_table(result))
+  print(json.dumps(result))
+  return result
+
+
 def main(argv=None):
   args, mode = parse_args(argv)
-  run = {"sampler": run_sampler, "micro_layers": run_micro_layers, "batched": run_batched}[mode]
+  run = {"sampler": run_sampler, "micro_layers": run_micro_layers, "batched": run_batched,
+         "verify": run_verified}[mode]
   return run(args, argv)
 
 

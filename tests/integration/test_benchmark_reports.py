@@ -160,3 +160,23 @@ def test_recipe_draft_vocab_step_rejects_bad_arguments(capsys, tmp_path):
     with pytest.raises(SystemExit):
       smollm2.main(["draft_vocab", "--workdir", str(tmp_path), "--out_dir", str(tmp_path), *flags])
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_decode_speed_verify_engine_reports_the_base_answers(tmp_path):
+  out = tmp_path / "verify.json"
+  result = decode_speed.main(["--engine", "verify", "--batch_sizes", "2", "--verify_prompts", "2",
+                              "--max_new_tokens", "12", "--prompt_sets", "both",
+                              "--draft_confidences", "0.001", "--repeats", "1",
+                              "--out", str(out)])
+  (row,) = result["rows"]
+  assert row["same_as_base"] and row["tokens"] > 0
+  assert row["tokens_per_forward"] >= 1.0 and len(row["acceptance"]) == 3
+  assert sum(row["drafts_reached"]) > 0
+  assert out.exists() and "provenance" in open(out).read()
+
+
+def test_decode_speed_verify_engine_refuses_flags_of_other_engines(capsys):
+  with pytest.raises(SystemExit):
+    decode_speed.parse_args(["--engine", "verify", "--policies", "all"])
+  assert "--policies" in capsys.readouterr().err
