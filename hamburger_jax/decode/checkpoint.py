@@ -8,8 +8,9 @@
 `ckpt` is this project's export dir, an HF Llama dir (plain decoding), an original HAMburger
 checkpoint file (.ckpt / .safetensors, with `base_config`), or a named checkpoint
 (`hamburger_jax.shipped.NAMED`, e.g. "smollm2"). Unusable input raises one clear error:
-CheckpointError (missing or unreadable checkpoint), TokenizerError (unreadable tokenizer) or
-UsageError (no tokenizer, a bad draft vocabulary, too many code-fence tokens).
+CheckpointError (missing or unreadable checkpoint, EOS ids outside its vocabulary),
+TokenizerError (unreadable tokenizer) or UsageError (no tokenizer, a bad draft vocabulary, too
+many code-fence tokens).
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ def open_checkpoint(ckpt: str, *, base_config: str | None = None, tokenizer: str
   tok = None if token_ids else load_tokenizer(ckpt, tokenizer)
   cfg, params, base_only = _load(ckpt, base_config, base)
   llama = cfg.base if isinstance(cfg, HamburgerConfig) else cfg
+  check_eos_ids(llama, ckpt)
   eos = sorted(set(list(llama.eos_token_ids) + (tok.stop_ids(bool(chat)) if tok else [])))
   recommended = entry.decode_defaults() if entry is not None else {}
   return Decodable(
@@ -113,6 +115,15 @@ def _load(ckpt: str, base_config: str | None, base: bool):
       raise
     raise CheckpointError(str(e)) from e
   return cfg, params, base or kind == "llama"
+
+
+def check_eos_ids(llama: LlamaConfig, ckpt: str) -> None:
+  """CheckpointError unless every config EOS id lies in the vocabulary (else EOS never fires)."""
+  bad = [i for i in llama.eos_token_ids if not 0 <= int(i) < llama.vocab_size]
+  if bad:
+    raise CheckpointError(f"{ckpt}: eos_token_ids holds {bad[0]}, outside the vocabulary of "
+                          f"{llama.vocab_size} tokens: fix the ids in its config (each in "
+                          f"0..{llama.vocab_size - 1}).")
 
 
 def load_tokenizer(ckpt: str, tokenizer: str | None) -> Tokenizer:

@@ -7,7 +7,9 @@ notebook:
 
 `run` returns the exit code: 0, or 2 after one clear line on stderr for unusable input (empty
 prompt, prompt longer than the KV buffer, confidence outside (0, 1], max_new_tokens < 1, unknown
-token ids, missing tokenizer or checkpoint).
+token ids, missing tokenizer or checkpoint, prompt text over --max_prompt_bytes or
+--max_prompts, flags that contradict each other or would be ignored). Several prompts decode in
+chunks of --batch_size rows, each chunk printed as it finishes.
 """
 
 from __future__ import annotations
@@ -18,18 +20,24 @@ from typing import Sequence, TextIO
 
 from hamburger_jax.convert import CheckpointError
 from hamburger_jax.decode import prompts as prompts_lib
+from hamburger_jax.decode import verify
 from hamburger_jax.decode.checkpoint import (Decodable, check_checkpoint, open_checkpoint,
                                              resolve_knobs)
+from hamburger_jax.decode.chunks import decode_chunks
 from hamburger_jax.decode.evaluation import base_comparison
 from hamburger_jax.decode.memory import check_buffer_memory
-from hamburger_jax.decode.prompts import UsageError
+from hamburger_jax.decode.prompts import UsageError, parse_token_ids
 from hamburger_jax.decode.render import Printer, print_comparison, print_json, stream_one, summary
 from hamburger_jax.decode.sampler import DecodeInputError, Sampler
+from hamburger_jax.shipped import named
 from hamburger_jax.testing.fixtures import make_tiny_checkpoint
 from hamburger_jax.text.tokenizer import TokenizerError
 
 
 MAX_NEW_TOKENS = 1 << 20        # also the largest --cache_length
+MAX_BATCH_SIZE = 4096           # the largest --batch_size
+# Flags that only steer HAMburger's groups (value when not given): refused with --base.
+GROUP_FLAGS = {"confidence": None, "min_token_prob": None, "max_group": 0, "draft_vocab": None}
 
 
 # --- arguments -----------------------------------------------------------------------------------
@@ -41,7 +49,10 @@ class DecodeArgs:
   base_config: str | None = None    # HF config.json of the base model (original checkpoints)
   tokenizer: str | None = None      # tokenizer.json or its directory (default: beside --ckpt)
   prompt: str | None = None         # one prompt (comma-separated ids with --token_ids)
-  prompt_file: str | None = None    # one prompt per line -> a batch
+  prompt_file: str | None = None    # one prompt per line, decoded in chunks of batch_size
+  batch_size: int = 32              # prompts per decode call (rows of one chunk)
+  max_prompt_bytes: int = prompts_lib.MAX_PROMPT_BYTES  # cap on --prompt_file / stdin / --prompt
+  max_prompts: int = prompts_lib.MAX_PROMPTS            # cap on prompt lines
   token_ids: bool = False           # prompts are comma-separated token ids; output ids
   chat: bool = False                # wrap prompts in the tokenizer's chat template
   system: str | None = None         # system message for --chat
@@ -85,48 +96,64 @@ def check_args(a: DecodeArgs) -> None:
     raise UsageError("Give --prompt or --prompt_file, not both.")
   if a.stream_steps < 1:
     raise UsageError(f"--stream_steps must be >= 1, got {a.stream_steps}.")
+  _check_range("batch_size", a.batch_size, MAX_BATCH_SIZE)
+  _check_range("max_prompt_bytes", a.max_prompt_bytes, 1 << 30)
+  _check_range("max_prompts", a.max_prompts, 1 << 20)
+  if a.system is not None:
+    prompts_lib.utf8_text(a.system, "--system")
+  check_flag_pairs(a)
+
+
+def _check_range(name: str, value: int, limit: int) -> None:
+  if not 1 <= value <= limit:
+    raise UsageError(f"--{name} must be in 1..{limit}, got {value}.")
+
+
+def check_flag_pairs(a: DecodeArgs) -> None:
+  """UsageError naming both flags and the fix when two flags contradict each other or one
+  would be ignored."""
   if a.verify and a.base:
     raise UsageError("--verify checks HAMburger's drafts with the base; --base has no drafts: "
                      "give one of them.")
-
-
-def _utf8_lines(raw: bytes, what: str) -> list[str]:
-  try:
-    text = raw.decode("utf-8")
-  except UnicodeDecodeError as e:
-    raise UsageError(f"{what} is not valid UTF-8 (byte {raw[e.start:e.start + 1].hex()} at offset "
-                     f"{e.start}): save it as UTF-8.") from None
-  return [line for line in text.splitlines() if line.strip()]
+  if a.compare_base and a.base:
+    raise UsageError("--compare_base decodes with the base alone beside HAMburger; with --base "
+                     "both runs would be the base: drop --base or --compare_base.")
+  if a.base:
+    given = [name for name, unset in GROUP_FLAGS.items() if getattr(a, name) != unset]
+    if given:
+      raise UsageError(f"--{given[0]} steers HAMburger's groups; --base decodes one token per "
+                       f"step and would ignore it: drop --{given[0]} or --base.")
+  if a.token_ids and a.chat:
+    raise UsageError("--chat wraps text in the chat template; --token_ids prompts are ids it "
+                     "cannot wrap: drop --chat, or give text prompts without --token_ids.")
+  if a.system is not None and a.token_ids:
+    raise UsageError("--system is text for the chat template; --token_ids prompts are ids with "
+                     "no template: drop --system, or give text prompts without --token_ids.")
+  if a.system is not None and not a.chat and named(a.ckpt) is None:
+    raise UsageError("--system is the system message of chat prompts; without --chat the "
+                     f"prompts of {a.ckpt} are plain text: add --chat or drop --system.")
 
 
 def read_prompt_lines(a: DecodeArgs, stdin: TextIO) -> list[str]:
-  """The prompt lines of --prompt, --prompt_file or stdin; UsageError if empty or not UTF-8."""
+  """The prompt lines of --prompt, --prompt_file or stdin; UsageError if empty, not UTF-8, over
+  --max_prompt_bytes (nothing past the cap is read) or over --max_prompts lines."""
+  caps = (a.max_prompt_bytes, a.max_prompts)
   if a.prompt is not None:
     lines = [prompts_lib.utf8_text(a.prompt, "The prompt")]
+    prompts_lib.check_bytes(lines[0], "The prompt", a.max_prompt_bytes)
   elif a.prompt_file is not None:
     try:
       with open(a.prompt_file, "rb") as f:
-        lines = _utf8_lines(f.read(), f"--prompt_file {a.prompt_file}")
+        lines = prompts_lib.read_lines(f, f"--prompt_file {a.prompt_file}", *caps)
     except OSError as e:
       raise UsageError(f"Cannot read --prompt_file {a.prompt_file}: {e.strerror}.") from e
-  elif hasattr(stdin, "buffer"):
-    lines = _utf8_lines(stdin.buffer.read(), "The text on stdin")
+  elif stdin is not None:
+    lines = prompts_lib.read_lines(getattr(stdin, "buffer", stdin), "The text on stdin", *caps)
   else:
-    lines = [prompts_lib.utf8_text(line.rstrip("\n"), "The text on stdin") for line in stdin
-             if line.strip()]
+    lines = []                                   # the process has no stdin
   if not lines or all(not line.strip() for line in lines):
     raise UsageError("The prompt is empty: pass --prompt, --prompt_file, or text on stdin.")
   return lines
-
-
-def parse_token_ids(line: str, index: int) -> list[int]:
-  try:
-    ids = [int(x) for x in line.replace(" ", "").split(",") if x != ""]
-  except ValueError as e:
-    raise UsageError(f"Prompt {index} is not a comma-separated list of token ids: {line!r}.") from e
-  if not ids:
-    raise UsageError(f"Prompt {index} is empty.")
-  return ids
 
 
 # --- the command ---------------------------------------------------------------------------------
@@ -157,22 +184,36 @@ def encode(lines: Sequence[str], tokenizer, chat: bool = False,
   return [tokenizer.encode(line, chat=chat, system=system) for line in lines]
 
 
+def check_plain_checkpoint(a: DecodeArgs, d: Decodable) -> None:
+  """UsageError for HAMburger-only flags on a plain Llama checkpoint (it decodes as the base)."""
+  if not d.base_only or a.base:
+    return
+  given = [name for name in ("compare_base", "verify") if getattr(a, name)]
+  given += [name for name, unset in GROUP_FLAGS.items() if getattr(a, name) != unset]
+  if given:
+    raise UsageError(f"--{given[0]} needs a HAMburger checkpoint; {a.ckpt} is a plain Llama "
+                     f"checkpoint, decoded one token per step: drop --{given[0]}.")
+
+
 def _samplers(a: DecodeArgs, d: Decodable, prompts):
-  """-> (sampler, base sampler for --compare_base or None, knobs)."""
+  """-> (sampler, base sampler for --compare_base or None, knobs). The KV buffers are sized for
+  the longest prompt and checked against the device's memory for one chunk of --batch_size."""
+  check_plain_checkpoint(a, d)
   longest = max(len(p) for p in prompts)
   cache_length = a.cache_length or -(-(longest + a.max_new_tokens) // 64) * 64
   out_length = -(-a.max_new_tokens // 64) * 64
-  check_buffer_memory(d.llama, len(prompts), cache_length)
+  check_buffer_memory(d.llama, min(len(prompts), a.batch_size), cache_length)
   sampler = Sampler(d.config, d.params, base=d.base_only, cache_length=cache_length,
                     out_length=out_length, eos_ids=d.eos_ids, draft_vocab=d.draft_vocab,
-                    verify=a.verify and not d.base_only)
+                    verify=a.verify)
   sampler.check_prompts(prompts)
   knobs = dict(max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_k=a.top_k,
                top_p=a.top_p, seed=a.seed,
                max_group=(a.max_group or None) if not d.base_only else None,
-               fence_ids=d.fence_ids, **resolve_knobs(vars(a), d.knob_defaults))
+               fence_ids=d.fence_ids, **resolve_knobs(
+                   vars(a), verify.DEFAULT_KNOBS if a.verify else d.knob_defaults))
   base = None
-  if a.compare_base and not d.base_only:
+  if a.compare_base:
     base = Sampler(d.config, d.params, base=True, cache_length=cache_length,
                    out_length=out_length, eos_ids=d.eos_ids)
   return sampler, base, knobs
@@ -180,21 +221,19 @@ def _samplers(a: DecodeArgs, d: Decodable, prompts):
 
 def _decode(a: DecodeArgs, sampler, base_sampler, knobs, prompts, printer, stdout):
   """-> (result, base result or None). One prompt streams, unless the run is timed (--json,
-  --compare_base); several are printed when done."""
-  base_result = None
-  if base_sampler is not None:
-    base_knobs = dict(knobs, max_group=None, confidence=1.0)
-    base_sampler.decode(prompts, **base_knobs)                # compile once, then time
-    base_result = base_sampler.decode(prompts, **base_knobs)
-    sampler.decode(prompts, **knobs)                          # compile before the timed run
-  if len(prompts) == 1 and not a.json and base_result is None:
+  --compare_base); several decode in chunks of --batch_size, each printed when it is done."""
+  if len(prompts) == 1 and not a.json and base_sampler is None:
     return stream_one(sampler, prompts[0], printer, knobs, a.stream_steps, stdout), None
-  result = sampler.decode(prompts, **knobs)
-  if not a.json:
-    for i in range(len(prompts)):
-      print(f"### {i}", file=stdout)
+
+  def show(start, result, _):
+    if a.json:
+      return
+    for i in range(len(result.tokens)):
+      print(f"### {start + i}", file=stdout)
       print(printer.full(result.tokens[i], result.groups(i), result.logprobs[i]), file=stdout)
-  return result, base_result
+    stdout.flush()
+
+  return decode_chunks(sampler, prompts, knobs, a.batch_size, base_sampler, show)
 
 
 def _run(a: DecodeArgs, stdout: TextIO, stderr: TextIO, stdin: TextIO) -> int:
@@ -205,8 +244,9 @@ def _run(a: DecodeArgs, stdout: TextIO, stderr: TextIO, stdin: TextIO) -> int:
     return 0
   check_checkpoint(a.ckpt)
   lines = read_prompt_lines(a, stdin)
+  prompts = encode(lines, None) if a.token_ids else None    # ids are checked before loading
   d = _open(a)
-  prompts = encode(lines, d.tokenizer, d.chat, d.system)
+  prompts = prompts or encode(lines, d.tokenizer, d.chat, d.system)
   sampler, base_sampler, knobs = _samplers(a, d, prompts)
   printer = Printer(d.tokenizer, a.show_groups, a.show_groups and not a.json and stdout.isatty())
   result, base_result = _decode(a, sampler, base_sampler, knobs, prompts, printer, stdout)
@@ -231,10 +271,16 @@ _HELP = {
     "tokenizer": "tokenizer.json or its directory (default: beside --ckpt)",
     "prompt": "one prompt (comma-separated ids with --token_ids); also accepted as a positional "
               "argument; default: stdin, one prompt per line",
-    "prompt_file": "file with one prompt per line (decoded as one batch)",
+    "prompt_file": "file with one prompt per line (decoded in chunks of --batch_size)",
+    "batch_size": "prompts decoded together (one chunk); more prompts decode chunk after chunk, "
+                  "each printed when done",
+    "max_prompt_bytes": "refuse prompt text (--prompt_file, stdin, --prompt) larger than this; "
+                        "nothing past it is read",
+    "max_prompts": "refuse more prompt lines than this",
     "token_ids": "prompts are comma-separated token ids and output is ids (no tokenizer)",
     "chat": "wrap prompts in the chat template (Llama-3 headers or ChatML)",
-    "system": "system message for --chat",
+    "system": "system message for --chat (a named checkpoint such as smollm2 is a chat model: "
+              "--chat is implied)",
     "max_new_tokens": "exact maximum of generated tokens per prompt",
     "confidence": "in (0, 1]: a group goes on while 1 - sigmoid(stop logit) >= confidence "
                   "(default: the checkpoint's recommended value, else 0.8)",

@@ -28,6 +28,11 @@ from hamburger_jax.decode import micro
 from hamburger_jax.decode import state as ds
 from hamburger_jax.decode.sampling import filter_logits
 
+# Knobs of verified decoding when none are given: draft up to S - 1 tokens every step (the
+# acceptance, not the stop head, decides what counts); a checkpoint's recommended knobs are
+# chosen for merged decoding and do not apply here.
+DEFAULT_KNOBS = {"confidence": 0.001, "min_token_prob": 0.0}
+
 _ACCEPT_FOLD = 1 << 20      # key folds of the acceptance draws and of the bonus / residual draw
 _RESIDUAL_FOLD = (1 << 20) + 1
 

@@ -23,6 +23,7 @@ from typing import Sequence
 from hamburger_jax.convert import CheckpointError
 from hamburger_jax.decode.checkpoint import code_fence_ids, open_checkpoint, resolve_knobs
 from hamburger_jax.decode.prompts import UsageError
+from hamburger_jax.decode import verify
 from hamburger_jax.decode.sampler import DecodeInputError
 from hamburger_jax.model.config import HamburgerConfig
 from hamburger_jax.serve import app as app_limits
@@ -181,11 +182,12 @@ def build(a: ServeArgs) -> Service:
       cache_length=a.cache_length, chunk_steps=a.chunk_steps,
       eos_ids=tuple(d.llama.eos_token_ids), micro_policy=a.micro_policy,
       min_prompt_bucket=a.min_prompt_bucket, compact_micro_steps=a.compact_micro_steps,
-      draft_vocab=d.draft_vocab, verify=a.verify and not d.base_only)
+      draft_vocab=d.draft_vocab, verify=a.verify)
   if a.warmup:
     warm_up(engine)
   return service_for(engine, d.config, d.tokenizer, dataclasses.replace(
-      a, system=d.system, **resolve_knobs(vars(a), d.knob_defaults)), d.fence_ids)
+      a, system=d.system, **resolve_knobs(
+          vars(a), verify.DEFAULT_KNOBS if a.verify else d.knob_defaults)), d.fence_ids)
 
 
 def serve(service: Service, a: ServeArgs) -> None:

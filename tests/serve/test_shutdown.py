@@ -11,10 +11,10 @@ import time
 import httpx2
 import pytest
 
+from benchmarks import serve_load
+from hamburger_jax.testing.fixtures import make_tiny_checkpoint
 from tests.serve.conftest import MODEL, GatedEngine, free_port, make_engine, run_script, serving, \
     write_tokenizer
-import serve_load  # pylint: disable=import-error
-from hamburger_jax.testing.fixtures import make_tiny_checkpoint
 
 
 def test_draining_answers_running_requests_and_refuses_new_ones(tiny_model, tokenizer):
