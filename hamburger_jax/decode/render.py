@@ -3,6 +3,7 @@ one-line statistics summary, JSON output and the comparison with the base model 
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 from typing import Callable, Sequence, TextIO
@@ -96,7 +97,15 @@ def summary(stats: dict) -> str:
           f"(plain decoding: {stats['kv_slots_base']}); prefill {stats['prefill_s'] * 1e3:.1f} ms; "
           f"decode {stats['decode_tokens_per_s']:.1f} tokens/s; "
           f"compile {stats['compile_s']:.1f} s; "
-          f"finish {','.join(stats['finish_reasons'])}")
+          f"finish {finish_counts(stats['finish_reasons'])}")
+
+
+def finish_counts(reasons) -> str:
+  """'eos' for one row; 'eos x3, length x1' for several (a line stays short for any batch)."""
+  if len(reasons) == 1:
+    return reasons[0]
+  counts = collections.Counter(reasons)
+  return ", ".join(f"{name} x{n}" for name, n in sorted(counts.items()))
 
 
 def print_json(prompts, result: DecodeResult, stats: dict, tokenizer: Tokenizer | None,

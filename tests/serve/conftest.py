@@ -95,6 +95,17 @@ def make_engine(kind: str, cfg, params, **kwargs):
   return engines.make_engine(kind, cfg, params, **kwargs)
 
 
+def decode_alone(engine, prompt, max_new_tokens, confidence=0.05):
+  """The tokens `engine` answers one request with (submitted alone, stepped to the end)."""
+  engine.submit(engines.Request(prompt_ids=prompt, max_new_tokens=max_new_tokens,
+                                confidence=confidence))
+  tokens = []
+  while engine.has_work():
+    for event in engine.step():
+      tokens += event.new_tokens
+  return tokens
+
+
 @contextlib.contextmanager
 def serving(engine, cfg, tokenizer, kind: str = "serial", **args):
   """A ServerThread around `engine` (of `kind`) with ServeArgs(**args) (model id MODEL)."""

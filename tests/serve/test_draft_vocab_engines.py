@@ -6,22 +6,11 @@ from __future__ import annotations
 import pytest
 
 from hamburger_jax.decode.sampler import Sampler
-from hamburger_jax.serve import engines
 from hamburger_jax.serve.cli import parse_args
 
-from tests.serve.conftest import CACHE_LENGTH, make_engine
+from tests.serve.conftest import CACHE_LENGTH, decode_alone, make_engine
 
 IDS = [3, 9, 17, 40, 41, 100, 200, 255]
-
-
-def _decode(engine, prompt, max_new_tokens):
-  engine.submit(engines.Request(prompt_ids=prompt, max_new_tokens=max_new_tokens,
-                                confidence=0.05))
-  tokens = []
-  while engine.has_work():
-    for event in engine.step():
-      tokens += event.new_tokens
-  return tokens
 
 
 @pytest.mark.slow
@@ -33,7 +22,7 @@ def test_both_engines_draft_from_the_vocabulary_as_the_sampler_does(tiny_model):
   assert max(alone.group_sizes[0]) > 1
   for kind in ("serial", "continuous"):
     engine = make_engine(kind, cfg, params, draft_vocab=IDS)
-    assert _decode(engine, prompt, 16) == alone.tokens[0], kind
+    assert decode_alone(engine, prompt, 16) == alone.tokens[0], kind
 
 
 def test_the_flag_parses():

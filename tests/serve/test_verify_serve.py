@@ -5,20 +5,9 @@ from __future__ import annotations
 import pytest
 
 from hamburger_jax.decode.sampler import Sampler
-from hamburger_jax.serve import engines
 from hamburger_jax.serve.cli import parse_args
 
-from tests.serve.conftest import CACHE_LENGTH, make_engine
-
-
-def _decode(engine, prompt, max_new_tokens):
-  engine.submit(engines.Request(prompt_ids=prompt, max_new_tokens=max_new_tokens,
-                                confidence=0.05))
-  tokens = []
-  while engine.has_work():
-    for event in engine.step():
-      tokens += event.new_tokens
-  return tokens
+from tests.serve.conftest import CACHE_LENGTH, decode_alone, make_engine
 
 
 @pytest.mark.slow
@@ -29,7 +18,7 @@ def test_both_engines_answer_as_the_base(tiny_model):
       [prompt], max_new_tokens=16, eos_ids=cfg.base.eos_token_ids)
   for kind in ("serial", "continuous"):
     engine = make_engine(kind, cfg, params, verify=True)
-    assert _decode(engine, prompt, 16) == base.tokens[0], kind
+    assert decode_alone(engine, prompt, 16) == base.tokens[0], kind
 
 
 def test_the_flag_parses_and_base_with_verify_is_refused():
