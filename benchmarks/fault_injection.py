@@ -1,6 +1,10 @@
-r"""Fault injection on training checkpoints (`hamburger_jax.train.checkpoints.Checkpointer`).
+r"""Fault injection: training checkpoints (`--target train`, the default) or a running server fed
+hostile input (`--target server`).
 
     python -m benchmarks.fault_injection --trials 25 [--json out.json]
+    python -m benchmarks.fault_injection --target server [--scale 0.01] [--ckpt DIR] [--out F]
+
+`--target train` (`hamburger_jax.train.checkpoints.Checkpointer`):
 
 Kinds of trial (cycled, each with its own seed): `flip` (64 bytes of a random file of a random
 step inverted), `truncate` (a random file of a random step cut short), `kill` (a saving process
@@ -11,6 +15,16 @@ A trial passes when no finished step is lost (the restored step is at least the 
 was completed and left undamaged) and the restored state is finite and bit-identical to what was
 saved at that step. Prints JSON and a table and writes the JSON with "provenance" (default
 docs/results/data/training/fault_injection.json); exit code 1 if any trial fails.
+
+`--target server`: serve.py is started in a subprocess (a random tiny checkpoint with a word
+tokenizer, or --ckpt) and fed the probes of `benchmarks/faults/server_probes.py` one at a time:
+huge and over-limit bodies (sizes times --scale), deep nesting, lone surrogates, invalid JSON,
+stalled, vanishing and half-closed clients, with ordinary requests as controls. Per probe: the
+status, whether an error is an OpenAI error object, the latency of /health polled meanwhile, the
+server's RSS before and after; then whether it still answers a completion. Prints a table and
+JSON and writes the JSON (default docs/results/data/serving/hostile_input.json); exit code 1 on a
+500, an error that is not an error object, an unexpected status, a traceback in the server's log,
+or a server that died or stopped answering.
 """
 
 from __future__ import annotations
@@ -27,7 +41,7 @@ import time
 
 import numpy as np
 
-from benchmarks.common import REPO, markdown_table, results_dir, write_json
+from benchmarks.common import REPO, check_flag_groups, markdown_table, results_dir, write_json
 
 KINDS = ("flip", "truncate", "kill", "disk_full", "nan")
 SAVED_STEPS = 5
@@ -211,18 +225,7 @@ def run_trials(n: int, seed: int = 0, kinds=KINDS) -> list[dict]:
   return out
 
 
-def main(argv=None) -> int:
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--trials", type=int, default=25)
-  p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--json", default=os.path.join(results_dir("training"), "fault_injection.json"),
-                 help="the JSON ('' = print only)")
-  p.add_argument("--child", default=None, help=argparse.SUPPRESS)
-  p.add_argument("--keep", type=int, default=3, help=argparse.SUPPRESS)
-  a = p.parse_args(argv)
-  if a.child:
-    _child(a.child, a.keep)
-    return 0
+def _train_main(a, argv) -> int:
   trials = run_trials(a.trials, a.seed)
   summary = {"trials": len(trials), "failed": sum(not t["ok"] for t in trials),
              "skipped": sum("skipped" in t for t in trials), "results": trials}
@@ -233,6 +236,68 @@ def main(argv=None) -> int:
       [[t["trial"], t["kind"], t.get("restored"), t.get("completed", "-"), t["ok"], t["seconds"],
         t.get("skipped") or t.get("damaged", "")] for t in trials]))
   return 1 if summary["failed"] else 0
+
+
+def _server_main(a, argv) -> int:
+  from benchmarks.faults import server_probes  # pylint: disable=g-import-not-at-top
+  from hamburger_jax.serve import app, http  # pylint: disable=g-import-not-at-top
+  for name, default in (("max_body_bytes", app.MAX_BODY_BYTES),
+                        ("header_timeout", http.HEADER_TIMEOUT_S),
+                        ("body_timeout", http.BODY_TIMEOUT_S)):     # serve.py's own defaults
+    if getattr(a, name) is None:
+      setattr(a, name, default)
+  flags = ["--engine", a.engine, "--cache_length", str(a.cache_length), "--max_body_bytes",
+           str(a.max_body_bytes), "--header_timeout", str(a.header_timeout), "--body_timeout",
+           str(a.body_timeout), "--log_level", "info"]
+  result = server_probes.run(a.ckpt, flags, a.scale, a.max_body_bytes,
+                             timeout=a.header_timeout + a.body_timeout + 60)
+  result["settings"] = {"scale": a.scale, "serve_flags": flags}
+  write_json(result, a.json, __spec__.name, argv)
+  print(markdown_table(server_probes.TABLE_HEADER, server_probes.table(result["rows"])))
+  print(json.dumps(result))
+  return 0 if result["summary"]["passed"] else 1
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--target", choices=("train", "server"), default="train",
+                 help="training checkpoints, or serve.py fed hostile input")
+  p.add_argument("--json", "--out", dest="json", default=None,
+                 help="the JSON ('' = print only; default: training/fault_injection.json or "
+                      "serving/hostile_input.json under docs/results/data)")
+  train = p.add_argument_group("--target train")
+  train.add_argument("--trials", type=int, default=25)
+  train.add_argument("--seed", type=int, default=0)
+  server = p.add_argument_group("--target server")
+  server.add_argument("--ckpt", default=None, help="any serve.py checkpoint (default: tiny random)")
+  server.add_argument("--scale", type=float, default=1.0,
+                      help="size of the large probes (1.0: 1,000,000 messages, 10 MB texts)")
+  server.add_argument("--engine", default="continuous", help="serve.py --engine")
+  server.add_argument("--cache_length", type=int, default=128, help="serve.py --cache_length")
+  server.add_argument("--max_body_bytes", type=int, default=None,
+                      help="serve.py --max_body_bytes (default: its own; one probe sends one "
+                           "byte more)")
+  server.add_argument("--header_timeout", type=float, default=None,
+                      help="serve.py --header_timeout (default: its own)")
+  server.add_argument("--body_timeout", type=float, default=None,
+                      help="serve.py --body_timeout (default: its own)")
+  p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+  p.add_argument("--keep", type=int, default=3, help=argparse.SUPPRESS)
+  a = p.parse_args(argv)
+  if a.child:
+    _child(a.child, a.keep)
+    return 0
+  check_flag_groups(p, a, {
+      "train": {"trials": 25, "seed": 0},
+      "server": {"ckpt": None, "scale": 1.0, "engine": "continuous", "cache_length": 128,
+                 "max_body_bytes": None, "header_timeout": None, "body_timeout": None}},
+      a.target)
+  if not a.scale > 0:
+    p.error(f"--scale must be > 0, got {a.scale}.")
+  if a.json is None:
+    a.json = (os.path.join(results_dir("training"), "fault_injection.json") if a.target == "train"
+              else os.path.join(results_dir("serving"), "hostile_input.json"))
+  return _train_main(a, argv) if a.target == "train" else _server_main(a, argv)
 
 
 if __name__ == "__main__":

@@ -111,10 +111,10 @@ def decode_rows(entry: str) -> list[dict]:
   cfg = get_preset(_DECODE_PRESETS[size], dtype="bfloat16", param_dtype="bfloat16")
   device = aot.topology_devices(f"{chip}:{shape}", 1)[0]
   rows = []
-  for base in (False, True):
+  for model in ("hamburger", "verify", "base"):
     report = aot.compile_decode_loop(cfg, device, batch=int(batch), cache_length=int(slots),
-                                     base=base)
-    rows.append({"kind": "decode", "entry": entry, "model": "base" if base else "hamburger",
+                                     base=model == "base", verify=model == "verify")
+    rows.append({"kind": "decode", "entry": entry, "model": model,
                  "batch": int(batch), "slots": int(slots), **report,
                  "step_ms_at_hbm_bw": report.get("bytes_accessed", 0.0)
                  / (aot.HBM_GBPS[chip] * 1e9) * 1e3,

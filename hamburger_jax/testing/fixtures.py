@@ -3,12 +3,14 @@
     cfg = tiny_config(num_layers=2)
     params = random_params(cfg, seed=0)          # groups of 1..S tokens depending on confidence
     make_tiny_checkpoint("/tmp/tiny_ckpt")       # the same, saved as this project's export
+    write_word_tokenizer("/tmp/tiny_ckpt", cfg.base.vocab_size)   # a tokenizer.json beside it
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -86,3 +88,23 @@ def make_tiny_checkpoint(directory: str, seed: int = 0, num_layers: int = 4) -> 
   cfg = tiny_config(num_layers)
   save_hamburger(directory, cfg, random_params(cfg, seed))
   return directory
+
+
+CHATML = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
+_WORDS = ("<unk>", "hello", "the", "world", "user", "assistant", "system", "cat", "sat", "on",
+          "mat", "a", "dog", "yes", "no", "red", "blue", "one", "two", "three")
+
+
+def write_word_tokenizer(directory: str, vocab_size: int) -> str:
+  """Writes `directory`/tokenizer.json, a whitespace word-level tokenizer whose ids cover
+  0..vocab_size-1: words, then w<i> fillers, then the ChatML special tokens as the last ids.
+  Returns its path."""
+  from tokenizers import Tokenizer, models, pre_tokenizers  # pylint: disable=g-import-not-at-top
+  n = vocab_size - len(CHATML)
+  words = list(_WORDS) + [f"w{i}" for i in range(len(_WORDS), n)]
+  tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+  tok.pre_tokenizer = pre_tokenizers.Whitespace()
+  tok.add_special_tokens(list(CHATML))
+  path = os.path.join(directory, "tokenizer.json")
+  tok.save(path)
+  return path

@@ -138,11 +138,13 @@ def _on(device, tree):
 
 
 def compile_decode_loop(cfg, device, batch: int, cache_length: int, prompt_len: int = 16,
-                        base: bool = False) -> dict:
+                        base: bool = False, verify: bool = False) -> dict:
   """AOT-compiles the decode loop (`decode.sampler`'s while_loop over macro steps) on one chip.
 
   cfg: a HamburgerConfig (its dtypes are the params' and the KV cache's); base=True decodes with
-  the base model alone (one token per macro step). Params and the state are abstract.
+  the base model alone (one token per macro step); verify=True is verified decoding
+  (`decode/verify.py`: the base reads the pending token and its drafts, S inputs per row).
+  Params and the state are abstract.
   """
   from hamburger_jax.decode import loop as lp, state as ds
   from hamburger_jax.decode.models import decode_model
@@ -151,7 +153,7 @@ def compile_decode_loop(cfg, device, batch: int, cache_length: int, prompt_len: 
   init = lambda r: init_params(cfg, r)
   params = jax.eval_shape(init, jax.random.PRNGKey(0))
   model, params = decode_model(cfg, params, base=base)
-  engine = lp.DecodeEngine(model, cache_length, cache_length)
+  engine = lp.DecodeEngine(model, cache_length, cache_length, verify=verify)
   knobs = ds.DecodeKnobs.make(batch, confidence=0.8, min_token_prob=0.0,
                               max_new_tokens=cache_length, max_group=engine.max_steps,
                               eos_ids=(), sampling=SamplingParams.greedy())

@@ -29,13 +29,14 @@ def test_llama3_1b_recipe_train_step_fits_v5e_2x4():
 
 
 @pytest.mark.slow
-def test_decode_loop_compiles_for_one_v5e_chip():
+@pytest.mark.parametrize("verify", [False, True])
+def test_decode_loop_compiles_for_one_v5e_chip(verify):
   from hamburger_jax.model.config import get_preset
   cfg = get_preset("tiny")
   base = dataclasses.replace(cfg.base, num_layers=4, dtype="bfloat16", param_dtype="bfloat16")
   cfg = cfg.replace(base=base, feature_layers=(0, 1, 2), num_micro_layers=1, merger_heads=4)
   device = aot.topology_devices("v5e:2x2", 1)[0]
-  report = aot.compile_decode_loop(cfg, device, batch=8, cache_length=256)
+  report = aot.compile_decode_loop(cfg, device, batch=8, cache_length=256, verify=verify)
   assert report["fits"], report
   # The KV cache and the params are the loop's arguments (donated: aliased to its outputs).
   assert report["argument_gib"] >= report["kv_cache_gib"] + report["param_gib"], report

@@ -13,35 +13,18 @@ import time
 
 import pytest
 import uvicorn
-from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import models, pre_tokenizers
 
 from hamburger_jax.serve import engines
 from hamburger_jax.serve.app import create_app
 from hamburger_jax.serve.cli import ServeArgs, service_for
-from hamburger_jax.testing.fixtures import random_params, tiny_config
+from hamburger_jax.testing.fixtures import CHATML, random_params, tiny_config, write_word_tokenizer
 from hamburger_jax.text.tokenizer import Tokenizer
 
 from tests.fixture_paths import REPO
 MODEL = "hamburger-tiny"
 CACHE_LENGTH = 64
-CHATML = ["<|im_start|>", "<|im_end|>", "<|endoftext|>"]
-_WORDS = ["<unk>", "hello", "the", "world", "user", "assistant", "system", "cat", "sat", "on",
-          "mat", "a", "dog", "yes", "no", "red", "blue", "one", "two", "three"]
 ENGINES = ["serial", "continuous"]
-
-
-def write_tokenizer(directory: str, vocab_size: int) -> str:
-  """A whitespace word-level tokenizer.json whose ids cover 0..vocab_size-1: words, then w<i>
-  fillers, then the ChatML special tokens as the last ids."""
-  n = vocab_size - len(CHATML)
-  words = _WORDS + [f"w{i}" for i in range(len(_WORDS), n)]
-  tok = HFTokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-  tok.pre_tokenizer = pre_tokenizers.Whitespace()
-  tok.add_special_tokens(CHATML)
-  path = os.path.join(directory, "tokenizer.json")
-  tok.save(path)
-  return path
+write_tokenizer = write_word_tokenizer      # (directory, vocab_size) -> tokenizer.json path
 
 
 @pytest.fixture(scope="session")
