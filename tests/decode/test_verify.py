@@ -29,8 +29,9 @@ def _samplers():
   return base, verified
 
 
-@pytest.mark.parametrize("rows", [1, 8])
-@pytest.mark.parametrize("confidence", [0.5, 0.97])
+@pytest.mark.parametrize("rows, confidence", [
+    (1, 0.5), pytest.param(8, 0.5, marks=pytest.mark.slow),
+    pytest.param(1, 0.97, marks=pytest.mark.slow), pytest.param(8, 0.97, marks=pytest.mark.slow)])
 def test_verified_greedy_is_the_base_token_for_token(rows, confidence):
   base, verified = _samplers()
   prompts = PROMPTS[:rows]
@@ -52,6 +53,7 @@ def test_verified_greedy_is_the_base_token_for_token(rows, confidence):
     assert all(1 <= g <= 4 for g in got.group_sizes[r])
 
 
+@pytest.mark.slow
 def test_verified_decoding_ends_at_eos_stop_ids_and_budget_as_the_base():
   base, verified = _samplers()
   ref = base.decode(PROMPTS, max_new_tokens=24)
@@ -64,6 +66,7 @@ def test_verified_decoding_ends_at_eos_stop_ids_and_budget_as_the_base():
   assert "eos" in got.finish_reasons and "length" in got.finish_reasons
 
 
+@pytest.mark.slow
 def test_verified_decoding_fills_the_buffer_as_the_base():
   cfg, params = drafting_model()
   base = Sampler(cfg, params, base=True, cache_length=24, out_length=32)
@@ -85,6 +88,7 @@ def test_knobs_never_recompile_the_verified_loop():
   assert dict(lp.TRACE_COUNTS) == before
 
 
+@pytest.mark.slow
 def test_streaming_yields_the_same_answer():
   _, verified = _samplers()
   whole = verified.decode(PROMPTS[:2], max_new_tokens=20, confidence=0.5)
@@ -92,6 +96,7 @@ def test_streaming_yields_the_same_answer():
   assert chunks[-1].tokens == whole.tokens and len(chunks) > 1
 
 
+@pytest.mark.slow
 def test_rejected_drafts_kv_entries_never_influence_later_tokens():
   """Poisons every KV slot at and after each row's next write slot (rejected drafts' entries
   among them) after every verified step: the answer does not change."""
@@ -116,6 +121,7 @@ def test_rejected_drafts_kv_entries_never_influence_later_tokens():
   assert sum(got.draft_counts[1]) > 0
 
 
+@pytest.mark.slow
 def test_continuous_batching_verifies_each_request_as_alone():
   cfg, params = drafting_model()
   base, _ = _samplers()

@@ -105,6 +105,7 @@ def test_request_lengths_spread_around_max_new_tokens_with_a_fixed_seed():
   assert abs(np.mean(lengths) - 48) < 3
 
 
+@pytest.mark.slow
 def test_step_costs_macro_step_times_every_setting_on_rows_that_keep_running():
   from tests.model.test_merge_adapter import adapted_model  # pylint: disable=g-import-not-at-top
   cfg, params = adapted_model(0)

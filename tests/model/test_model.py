@@ -141,6 +141,7 @@ def test_bf16_compute():
   assert err < 0.05 * np.abs(np.asarray(ref.logits)[keep]).max()
 
 
+@pytest.mark.slow
 def test_params_carry_logical_axes():
   import flax.linen as nn
   boxed = init_params(CFG, jax.random.PRNGKey(0), boxed=True)

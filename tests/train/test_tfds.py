@@ -3,6 +3,7 @@
 import shutil
 
 import numpy as np
+import pytest
 
 from configs import tiny
 from hamburger_jax.train import batches
@@ -23,6 +24,7 @@ def _examples(n, seed):
   return out
 
 
+@pytest.mark.slow
 def test_tfds_source_trains_and_resumes_the_data_position(tmp_path):
   data_dir = str(tmp_path / "data")
   train, valid = _examples(64, 0), _examples(16, 1)
