@@ -53,6 +53,7 @@ def test_fresh_adapter_is_the_identity():
   np.testing.assert_array_equal(l0, l1)
 
 
+@pytest.mark.slow
 def test_adapter_acts_only_at_merged_positions():
   cfg, params = small_model(0)
   cfg_a, params_a = adapted_model(0)
