@@ -17,7 +17,8 @@ import numpy as np
 from hamburger_jax.model.config import HamburgerConfig, LlamaConfig
 from hamburger_jax.convert import agreement
 from hamburger_jax.convert.errors import CheckpointError
-from hamburger_jax.convert.safetensors_io import read_safetensors, write_safetensors
+from hamburger_jax.convert.safetensors_io import write_safetensors
+from hamburger_jax.convert.shards import read_params
 from hamburger_jax.convert.tree_map import is_float_dtype
 from hamburger_jax.model.hamburger import init_params
 
@@ -83,7 +84,7 @@ def load_hamburger(directory: str, base_params=None, **dtype_overrides) -> tuple
   if dtype_overrides:
     import dataclasses
     cfg = cfg.replace(base=dataclasses.replace(cfg.base, **dtype_overrides))
-  flat, _ = read_safetensors(os.path.join(directory, PARAMS_FILE))
+  flat = read_params(directory, PARAMS_FILE)       # or its shards (convert/shards.py)
   if base_params is not None:
     flat = {**{f"base/{k}": v for k, v in flatten(base_params).items()}, **flat}
   abstract = flatten_abstract(cfg)

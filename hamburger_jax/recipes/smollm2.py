@@ -12,6 +12,8 @@ Pipeline (each step resumable; `all` runs them in order):
   train    fine-tune the grafted modules with the base frozen (configs/smollm2.py)
   export   grafted weights only (bf16) + manifest naming the base GGUF's sha256
   draft_vocab  the token ids drafts choose from (most frequent in the distilled answers)
+  accelerate   train the shipped weights further on one GPU within a time budget (its own flags:
+               `accelerate --help`; hamburger_jax/recipes/accelerate.py)
 
 The result loads as `--ckpt smollm2` (`hamburger_jax.shipped.smollm2`).
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 
 # The shipped model's files and loaders (re-exported: callers import them from here too).
@@ -253,6 +256,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None):
+  argv = list(sys.argv[1:] if argv is None else argv)
+  if argv[:1] == ["accelerate"]:
+    from hamburger_jax.recipes import accelerate
+    return accelerate.main(argv[1:])
   parser = _parser()
   args = parser.parse_args(argv)
   for name in ("batch_size", "max_new_tokens", "max_prompt_tokens"):
