@@ -137,8 +137,8 @@ def _check_sums(stage: str) -> list[str]:
 
 
 def install(stage: str) -> str:
-  """Joins and checks the wheels of `stage`, installs them into stage/site (once) and puts that
-  folder first on sys.path; returns it."""
+  """Joins and checks the wheels of `stage`, installs them into stage/site (once) and adds that
+  folder to the import path; returns it."""
   site = os.path.join(stage, SITE)
   done = os.path.join(site, ".installed")
   if not os.path.isfile(done):
@@ -146,9 +146,9 @@ def install(stage: str) -> str:
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
                     "--no-compile", "--target", site, *wheels], check=True)
     open(done, "w").close()
-  if site not in sys.path:
-    sys.path.insert(0, site)
   import importlib
+  import site as site_lib
+  site_lib.addsitedir(site)      # the staged packages become importable (the machine lacks them)
   importlib.invalidate_caches()
   return site
 
