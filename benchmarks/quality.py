@@ -3,6 +3,7 @@ r"""Speed-quality benchmark of the shipped HAMburger-SmolLM2 against its base, i
     python -m benchmarks.quality                                  # full (64 held-out prompts)
     python -m benchmarks.quality --num_prompts 4 --max_new_tokens 16 --out_dir /tmp/q  # quick
     python -m benchmarks.quality --confidences 0.7,0.8 --min_token_probs 0,0.3,0.5  # trust sweep
+    python -m benchmarks.quality --quantize int8 --num_prompts 32 --max_new_tokens 48   # int8
 
 Speed is measured one prompt at a time by default (single-request latency, as in the paper);
 `--batch_size 0` decodes all prompts as one batch, where every macro step pays for the longest
@@ -20,7 +21,8 @@ import json
 import os
 import time
 
-from benchmarks.common import machine, results_dir, write_json
+from benchmarks.common import check_flag_groups, machine, results_dir, write_json
+from benchmarks.speed import quantized
 from hamburger_jax.decode import draft_vocab, evaluation
 from hamburger_jax.decode.sampler import Sampler
 from hamburger_jax.shipped import smollm2
@@ -53,7 +55,15 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--repeats", type=int, default=1)
   parser.add_argument("--batch_size", type=int, default=1,
                       help="prompts per decode call; 1 = single-request latency (0 = all at once)")
+  parser.add_argument("--quantize", default="none", choices=("none", "int8"),
+                      help="int8: the base with int8 weights against float32 instead "
+                           "(benchmarks/speed/quantized.py; writes quantized.json)")
   return parser
+
+
+# Flags of the speed-quality measurement alone: refused with --quantize.
+SPEED_QUALITY_FLAGS = ("confidences", "min_token_probs", "paired", "draft_vocab", "code_fences",
+                       "repeats")
 
 
 def write_outputs(result: dict, table: str, out_dir: str) -> None:
@@ -71,6 +81,11 @@ def main(argv=None):
   args = parser.parse_args(argv)
   if args.batch_size < 0:
     parser.error(f"--batch_size must be >= 0 (0 = all prompts at once), got {args.batch_size}.")
+  if args.quantize != "none":
+    defaults = {name: parser.get_default(name) for name in SPEED_QUALITY_FLAGS}
+    check_flag_groups(parser, args, {"speed-quality": defaults}, "quantized")
+    args.batch_size = args.batch_size or args.num_prompts
+    return quantized.run(args, __spec__.name, argv)
 
   t0 = time.time()
   cfg, params, tok, base_cfg = smollm2.load_shipped(args.asset_dir)

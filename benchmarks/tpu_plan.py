@@ -4,10 +4,14 @@ compiler on this (CPU) host and prints JSON lines plus a table.
     nice -n 10 python -m benchmarks.tpu_plan                        # the README plan
     python -m benchmarks.tpu_plan --train llama3_1b@v5e:2x4 --decode none
     python -m benchmarks.tpu_plan --train none --decode 1b@v5e:2x2:8:4096
+    python -m benchmarks.tpu_plan --train none --decode 1b@v5e:2x2:8:4096 --explain
+    python -m benchmarks.tpu_plan --train none --decode 1b@v5e:2x2:1:4096 --quantize int8
 
 Train entries are `config@topology[:key=value,..]` (a configs/ module; overrides of its fields,
 e.g. `llama3_1b@v5e:2x4:data.batch_size=16,model.remat=save_dots`). Decode entries are
-`size@topology:batch:slots` (one chip of the topology; HAMburger and base decoding both).
+`size@topology:batch:slots` (one chip of the topology; HAMburger and base decoding both) or
+`size@topology:batch:slots:mesh` (one model over the slice's chips, `decode/mesh.py`, e.g.
+`8b@v5e:2x4:8:4096:tensor=8`; memory and bytes per chip).
 Per chip: XLA's argument / temporary / total bytes against the chip's HBM. Per optimizer step:
 the matmul FLOPs of the optimized program summed over chips, every while loop (scanned layers,
 loss chunks, gradient accumulation) weighted by its trip count (`hamburger_jax.train.hlo_flops`
@@ -17,6 +21,8 @@ rematerialisation overhead. Decode: XLA's bytes accessed by the loop program (wh
 bodies counted once: one macro step whose micro-step loop runs once) and the memory-bound time of
 that step, bytes / HBM bandwidth (`step_ms_at_hbm_bw`; v5e 819 GB/s); XLA's bytes exceed one
 read of the weights and the KV cache, whose time is the floor (`weights_kv_ms_at_hbm_bw`). Needs libtpu (requirements-test.txt).
+--explain: each decode step's bytes op by op, grouped (weights, KV cache, activations, copies)
+beside its floor, XLA's accounting and the HBM traffic alone (`benchmarks.tpu.step_bytes`).
 Writes {"rows": [...], "provenance"} to --out after every entry (default
 docs/results/data/tpu/tpu_plan.json).
 """
@@ -31,6 +37,7 @@ import sys
 
 import jax
 
+from benchmarks.tpu import step_bytes
 from benchmarks.common import markdown_table, results_dir, write_json
 from hamburger_jax.model.hamburger import init_params, param_count
 from hamburger_jax.train import aot
@@ -39,6 +46,7 @@ from hamburger_jax.train.run_config import model_config
 DEFAULT_TRAIN = ("llama3_1b@v5e:2x4", "llama3_1b@v5p:2x2x1", "llama3_3b@v5p:2x2x1",
                  "llama3_8b@v5p:2x2x2")
 DEFAULT_DECODE = tuple(f"1b@v5e:2x2:{b}:4096" for b in (1, 8, 64))
+DECODE_MODELS = ("hamburger", "verify", "base")
 _DECODE_PRESETS = {"1b": "llama3.2-1b", "3b": "llama3.2-3b", "8b": "llama3.1-8b"}
 
 
@@ -105,30 +113,45 @@ def train_row(entry: str) -> dict:
   return row
 
 
-def decode_rows(entry: str) -> list[dict]:
-  size, chip, shape, batch, slots = entry.replace("@", ":").split(":")
+def decode_rows(entry: str, models=DECODE_MODELS, explain: bool = False,
+                fill: int | None = None, quantize: str = "none") -> list[dict]:
+  """explain: each row also gets "bytes", the step's byte attribution (`tpu.step_bytes`);
+  quantize: "int8" compiles the loops with int8 weights (`model/quantize.py`)."""
+  size, chip, shape, batch, slots, *mesh = entry.replace("@", ":").split(":")
   from hamburger_jax.model.config import get_preset
   cfg = get_preset(_DECODE_PRESETS[size], dtype="bfloat16", param_dtype="bfloat16")
-  device = aot.topology_devices(f"{chip}:{shape}", 1)[0]
+  devices = aot.topology_devices(f"{chip}:{shape}", None if mesh else 1)
+  device = devices if mesh else devices[0]          # a mesh spans the slice's chips
   rows = []
-  for model in ("hamburger", "verify", "base"):
+  for model in models:
+    inspect = (step_bytes.inspector(cfg, model, int(batch), int(slots), fill) if explain
+               else None)
     report = aot.compile_decode_loop(cfg, device, batch=int(batch), cache_length=int(slots),
-                                     base=model == "base", verify=model == "verify")
-    rows.append({"kind": "decode", "entry": entry, "model": model,
+                                     base=model == "base", verify=model == "verify",
+                                     inspect=inspect, quantize=quantize,
+                                     mesh=mesh[0] if mesh else None)
+    rows.append({"kind": "decode", "entry": entry, "model": model, "quantize": quantize,
                  "batch": int(batch), "slots": int(slots), **report,
                  "step_ms_at_hbm_bw": report.get("bytes_accessed", 0.0)
                  / (aot.HBM_GBPS[chip] * 1e9) * 1e3,
-                 "weights_kv_ms_at_hbm_bw": (report["param_gib"] + report["kv_cache_gib"])
+                 "weights_kv_ms_at_hbm_bw": _floor_gib(report)
                  * aot.GIB / (aot.HBM_GBPS[chip] * 1e9) * 1e3})
   return rows
+
+
+def _floor_gib(report) -> float:
+  """GiB a chip reads at least per decode step: its weights and KV cache (its shards on a mesh)."""
+  return (report.get("param_gib_per_chip", report["param_gib"])
+          + report.get("kv_cache_gib_per_chip", report["kv_cache_gib"]))
 
 
 def table(rows) -> str:
   """The rows as a markdown table (GiB per chip; a row that does not fit gives XLA's error)."""
   cells = []
   for r in rows:
+    int8 = " int8" if r.get("quantize") == "int8" else ""
     what = (f"train {r['entry']}" if r["kind"] == "train" else
-            f"decode {r['model']} {r['entry']}")
+            f"decode {r['model']}{int8} {r['entry']}")
     if not r["fits"]:
       cells.append([what, f"does not fit: {r.get('error', '')[:90]}"] + [""] * 9)
       continue
@@ -146,9 +169,21 @@ def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--train", nargs="*", default=list(DEFAULT_TRAIN))
   p.add_argument("--decode", nargs="*", default=list(DEFAULT_DECODE))
-  p.add_argument("--out", default=os.path.join(results_dir("tpu"), "tpu_plan.json"),
-                 help="the JSON, rewritten after each entry ('' = print only)")
+  p.add_argument("--out", default=None,
+                 help="the JSON, rewritten after each entry ('' = print only; default "
+                 "docs/results/data/tpu/tpu_plan.json, with --explain decode_bytes.json)")
+  p.add_argument("--explain", action="store_true",
+                 help="decode: attribute each step's bytes op by op against the floor")
+  p.add_argument("--models", nargs="*", default=list(DECODE_MODELS), choices=DECODE_MODELS,
+                 help="decode loops to compile")
+  p.add_argument("--fill", type=int, default=None,
+                 help="--explain: KV slots in use per row (default: all)")
+  p.add_argument("--quantize", default="none", choices=("none", "int8"),
+                 help="decode: the weights' format (int8: per-channel scales, model/quantize.py)")
   args = p.parse_args(argv)
+  if args.out is None:
+    args.out = os.path.join(results_dir("tpu"),
+                            "decode_bytes.json" if args.explain else "tpu_plan.json")
   if not aot.libtpu_available():
     sys.exit("tpu_plan needs libtpu: pip install 'libtpu==0.0.42.*'.")
   rows = []
@@ -159,12 +194,18 @@ def main(argv=None):
     write_json({"rows": rows}, args.out, __spec__.name, argv)
 
   for entry in (e for e in args.decode if e != "none"):
-    for row in decode_rows(entry):
+    for row in decode_rows(entry, args.models, args.explain, args.fill, args.quantize):
       add(row)
   for entry in (e for e in args.train if e != "none"):
     add(train_row(entry))
   print("Machine: this CPU host compiling for abstract TPU chips (libtpu); GiB per chip.")
   print(table(rows))
+  if args.explain:
+    print("Bytes per decode step, GB (XLA's accounting / HBM traffic alone):")
+    print(step_bytes.table(rows))
+    for r in (r for r in rows if r.get("bytes")):
+      print(f"\n{r['model']} {r['entry']}: bytes per step by op kind\n"
+            f"{step_bytes.opcode_table(r)}\ncostliest ops\n{step_bytes.top_table(r)}")
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ def _row(prompt_set, b, confidence, base, answers, forwards, seconds, counts, ba
 
 def measure(args) -> dict:
   """The rows of every (prompt set, batch size, confidence)."""
-  d = open_checkpoint("smollm2")
+  d = open_checkpoint("smollm2", verify=True)   # with its verification micro decoder, if any
   rows = []
   for prompt_set in args.prompt_sets.split(","):
     items = heldout_prompts(args.verify_prompts, prompt_set)

@@ -24,10 +24,10 @@ import collections
 import dataclasses
 from typing import Sequence
 
-import jax
 import numpy as np
 
 from hamburger_jax.decode import loop as lp
+from hamburger_jax.decode import mesh as mesh_lib
 from hamburger_jax.decode import slots
 from hamburger_jax.decode import state as ds
 from hamburger_jax.decode.compile_cache import Executables, next_pow2
@@ -108,13 +108,15 @@ class ContinuousBatcher:
   Prefill lengths are padded to power-of-two buckets of at least `min_prompt_bucket`.
   draft_vocab: token ids [K] that drafts choose from (`decode/draft_vocab.py`); None: all.
   verify: verified decoding (`decode/verify.py`): every answer is the base's own.
+  mesh: a jax Mesh to decode on (`decode/mesh.py`: params, KV buffers and slots sharded).
   """
 
   def __init__(self, cfg, params, *, base: bool = False, num_slots: int = 8,
                cache_length: int = 1024, chunk_steps: int = 8, eos_ids=(),
                micro_policy: str = "all", min_prompt_bucket: int = 16,
                compact_micro_steps: bool | None = None,
-               skip_unmerged: bool | None = None, draft_vocab=None, verify: bool = False):
+               skip_unmerged: bool | None = None, draft_vocab=None, verify: bool = False,
+               mesh=None):
     for name, value in (("num_slots", num_slots), ("cache_length", cache_length),
                         ("chunk_steps", chunk_steps)):
       if value < 1:
@@ -125,8 +127,8 @@ class ContinuousBatcher:
                              "the base alone).")
     spare = model.max_steps - 1 if verify else 0      # a verify forward writes S slots
     self.engine = lp.DecodeEngine(model, cache_length + spare, chunk_steps * model.max_steps,
-                                  compact_micro_steps, skip_unmerged, verify)
-    self.params = jax.device_put(params)
+                                  compact_micro_steps, skip_unmerged, verify, mesh)
+    self.params = mesh_lib.place_params(mesh, model, params)
     self.scorer = prompt_scorer(model, self.params, cache_length)   # prompts' log-probs
     self.eos_ids = tuple(int(e) for e in eos_ids) or tuple(model.llama.eos_token_ids)
     check_ids("EOS", self.eos_ids, ds.MAX_EOS)
@@ -138,7 +140,8 @@ class ContinuousBatcher:
     self.executables = Executables(self.engine, {"admit": slots.admit,
                                                  "chunk": slots.run_chunk},
                                    {"admit": (2,), "chunk": (2,)})
-    self.state = slots.empty_state(self.engine, num_slots, parse_policy(micro_policy))
+    self.state = mesh_lib.place_state(mesh, slots.empty_state(self.engine, num_slots,
+                                                              parse_policy(micro_policy)))
     self._slots: list[_Running | None] = [None] * num_slots
     self._queue: collections.deque[tuple[int, Request]] = collections.deque()
     self._cancel = np.zeros((num_slots,), bool)

@@ -25,11 +25,13 @@ from hamburger_jax.convert import CheckpointError, load_model
 from hamburger_jax.decode import draft_vocab as draft_vocab_lib
 from hamburger_jax.decode import state as ds
 from hamburger_jax.decode.prompts import UsageError
+from hamburger_jax.model import quantize as quantize_lib
 from hamburger_jax.model.config import HamburgerConfig, LlamaConfig
 from hamburger_jax.shipped import NAMED, named
 from hamburger_jax.text.tokenizer import Tokenizer
 
 DEFAULT_KNOBS = {"confidence": 0.8, "min_token_prob": 0.0}   # when the checkpoint recommends none
+VERIFY_DRAFTER_FILE = "verify_drafter.safetensors"   # the micro decoder for verified decoding
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +61,15 @@ def resolve_knobs(given: dict, recommended: dict) -> dict:
           for name, value in DEFAULT_KNOBS.items()}
 
 
+def check_quantize(mode: str | None) -> None:
+  """UsageError unless `mode` is a weight quantization decoding knows (None, "none", "int8")."""
+  try:
+    quantize_lib.parse_mode(mode)
+  except ValueError:
+    raise UsageError(f"--quantize must be one of {', '.join(quantize_lib.MODES)}, got "
+                     f"{mode!r}.") from None
+
+
 def check_checkpoint(ckpt: str) -> None:
   """CheckpointError unless `ckpt` names a checkpoint or an existing path (nothing is read)."""
   if named(ckpt) is None and not os.path.exists(ckpt):
@@ -70,7 +81,8 @@ def check_checkpoint(ckpt: str) -> None:
 def open_checkpoint(ckpt: str, *, base_config: str | None = None, tokenizer: str | None = None,
                     base: bool = False, token_ids: bool = False, draft_vocab: str | None = None,
                     code_fences: bool = True, chat: bool | None = None,
-                    system: str | None = None) -> Decodable:
+                    system: str | None = None, quantize: str | None = None,
+                    verify: bool = False) -> Decodable:
   """Loads `ckpt` and what decoding it needs.
 
   base_config: HF config.json of the base (original checkpoints). tokenizer: tokenizer.json or
@@ -78,8 +90,12 @@ def open_checkpoint(ckpt: str, *, base_config: str | None = None, tokenizer: str
   model alone. token_ids: no tokenizer. draft_vocab: "full", a draft vocabulary file, or None (the
   checkpoint's own draft_vocab.json if it has one). code_fences: fenced code decodes one token
   per macro step. chat / system: None = the checkpoint's (a named one is a chat model with its
-  system prompt; a path is plain text).
+  system prompt; a path is plain text). quantize: "int8" = int8 weights, quantized once here
+  (`model/quantize.py`); None or "none" = as stored. verify: decoding will be verified (spec
+  §9): the micro decoder trained for it (VERIFY_DRAFTER_FILE in the checkpoint dir) replaces the
+  merged-mode one when the checkpoint has it.
   """
+  check_quantize(quantize)
   check_checkpoint(ckpt)
   entry = named(ckpt)
   if entry is not None:
@@ -89,6 +105,10 @@ def open_checkpoint(ckpt: str, *, base_config: str | None = None, tokenizer: str
       tokenizer = entry.tokenizer_dir()
   tok = None if token_ids else load_tokenizer(ckpt, tokenizer)
   cfg, params, base_only = _load(ckpt, base_config, base)
+  ckpt_dir = entry.asset_dir if entry is not None else ckpt
+  if verify and not base_only:
+    params = load_verify_drafter(ckpt_dir, params)
+  params = quantize_lib.apply_mode(params, cfg, quantize)
   llama = cfg.base if isinstance(cfg, HamburgerConfig) else cfg
   check_eos_ids(llama, ckpt)
   eos = sorted(set(list(llama.eos_token_ids) + (tok.stop_ids(bool(chat)) if tok else [])))
@@ -98,8 +118,25 @@ def open_checkpoint(ckpt: str, *, base_config: str | None = None, tokenizer: str
       knob_defaults=resolve_knobs({}, recommended), chat=bool(chat), system=system,
       fence_ids=code_fence_ids(tok, code_fences, base_only),
       draft_vocab=None if base_only else load_draft_vocab(
-          draft_vocab, entry.asset_dir if entry is not None else ckpt, cfg),
+          draft_vocab, ckpt_dir, cfg),
       eos_ids=tuple(eos))
+
+
+def load_verify_drafter(ckpt_dir: str, params):
+  """params with params["micro_decoder"] from ckpt_dir/VERIFY_DRAFTER_FILE if there is one (made
+  by `hamburger_jax.recipes.verify_drafter`), cast to the stored params' dtypes."""
+  path = os.path.join(ckpt_dir, VERIFY_DRAFTER_FILE) if os.path.isdir(ckpt_dir) else ""
+  if not os.path.isfile(path):
+    return params
+  from hamburger_jax.convert.native import flatten, unflatten
+  from hamburger_jax.convert.safetensors_io import read_safetensors
+  flat, _ = read_safetensors(path)
+  want = {f"micro_decoder/{k}": v for k, v in flatten(params["micro_decoder"]).items()}
+  if set(flat) != set(want) or any(flat[k].shape != want[k].shape for k in want):
+    raise CheckpointError(f"{path} does not fit this checkpoint's micro decoder (other layers or "
+                          "shapes): retrain it for this checkpoint or delete it.")
+  micro = unflatten({k: np.asarray(flat[k], dtype=want[k].dtype) for k in want})
+  return {**params, "micro_decoder": micro["micro_decoder"]}
 
 
 def _load(ckpt: str, base_config: str | None, base: bool):

@@ -21,11 +21,12 @@ from typing import Sequence, TextIO
 from hamburger_jax.convert import CheckpointError
 from hamburger_jax.decode import prompts as prompts_lib
 from hamburger_jax.decode import verify
-from hamburger_jax.decode.checkpoint import (Decodable, check_checkpoint, open_checkpoint,
-                                             resolve_knobs)
+from hamburger_jax.decode.checkpoint import (Decodable, check_checkpoint, check_quantize,
+                                             open_checkpoint, resolve_knobs)
 from hamburger_jax.decode.chunks import decode_chunks
 from hamburger_jax.decode.evaluation import base_comparison
-from hamburger_jax.decode.memory import check_buffer_memory
+from hamburger_jax.decode.memory import check_buffer_memory, device_memory
+from hamburger_jax.decode.mesh import make_decode_mesh
 from hamburger_jax.decode.prompts import UsageError, parse_token_ids
 from hamburger_jax.decode.render import Printer, print_comparison, print_json, stream_one, summary
 from hamburger_jax.decode.sampler import DecodeInputError, Sampler
@@ -74,6 +75,8 @@ class DecodeArgs:
   make_tiny_checkpoint: str | None = None  # write a random tiny checkpoint here and exit
   compare_base: bool = False        # also decode with the base alone; print both and the ratios
   verify: bool = False              # verified decoding: the base checks the drafts (its answer)
+  quantize: str = "none"            # "int8": int8 weights with per-channel scales
+  mesh: str = ""                    # "data=2,tensor=4": one model over a device mesh ("" = one)
 
 
 def check_args(a: DecodeArgs) -> None:
@@ -101,6 +104,7 @@ def check_args(a: DecodeArgs) -> None:
   _check_range("max_prompts", a.max_prompts, 1 << 20)
   if a.system is not None:
     prompts_lib.utf8_text(a.system, "--system")
+  check_quantize(a.quantize)
   check_flag_pairs(a)
 
 
@@ -173,7 +177,8 @@ def _open(a: DecodeArgs) -> Decodable:
   """open_checkpoint with decode.py's flags (--chat off = the checkpoint's own choice)."""
   return open_checkpoint(a.ckpt, base_config=a.base_config, tokenizer=a.tokenizer, base=a.base,
                          token_ids=a.token_ids, draft_vocab=a.draft_vocab,
-                         code_fences=a.code_fences, chat=a.chat or None, system=a.system)
+                         code_fences=a.code_fences, chat=a.chat or None, system=a.system,
+                         quantize=a.quantize, verify=a.verify)
 
 
 def encode(lines: Sequence[str], tokenizer, chat: bool = False,
@@ -202,10 +207,12 @@ def _samplers(a: DecodeArgs, d: Decodable, prompts):
   longest = max(len(p) for p in prompts)
   cache_length = a.cache_length or -(-(longest + a.max_new_tokens) // 64) * 64
   out_length = -(-a.max_new_tokens // 64) * 64
-  check_buffer_memory(d.llama, min(len(prompts), a.batch_size), cache_length)
+  mesh = make_decode_mesh(a.mesh) if a.mesh else None
+  check_buffer_memory(d.llama, min(len(prompts), a.batch_size), cache_length,
+                      mesh and (device_memory() or 0) * mesh.devices.size)
   sampler = Sampler(d.config, d.params, base=d.base_only, cache_length=cache_length,
                     out_length=out_length, eos_ids=d.eos_ids, draft_vocab=d.draft_vocab,
-                    verify=a.verify)
+                    verify=a.verify, mesh=mesh)
   sampler.check_prompts(prompts)
   knobs = dict(max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_k=a.top_k,
                top_p=a.top_p, seed=a.seed,
@@ -215,7 +222,7 @@ def _samplers(a: DecodeArgs, d: Decodable, prompts):
   base = None
   if a.compare_base:
     base = Sampler(d.config, d.params, base=True, cache_length=cache_length,
-                   out_length=out_length, eos_ids=d.eos_ids)
+                   out_length=out_length, eos_ids=d.eos_ids, mesh=mesh)
   return sampler, base, knobs
 
 
@@ -308,6 +315,12 @@ _HELP = {
     "verify": "verified decoding: the base checks the micro decoder's drafts in its next forward, "
               "so the answer is the base's own (greedy: token for token) in fewer forwards; "
               "--show_groups marks the tokens of each forward",
+    "quantize": "weights the decode loop reads: 'none' (as stored) or 'int8' (int8 with "
+                "per-output-channel scales, quantized once at load: half the weight bytes of "
+                "bfloat16 per step)",
+    "mesh": "decode one model over a device mesh, e.g. 'tensor=4' or 'data=2,tensor=4' (axes "
+            "data, fsdp, tensor; their product = the devices): heads, kv heads, MLP and "
+            "vocabulary split over tensor, rows over data ('' = one device)",
 }
 
 

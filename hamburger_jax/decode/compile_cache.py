@@ -14,6 +14,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from hamburger_jax.decode.mesh import on_mesh
+
 
 def signature(args) -> tuple:
   """Hashable shapes/dtypes (and tree structure) of the traced arguments: the compile key."""
@@ -25,7 +27,8 @@ class Executables:
   """AOT-compiled functions of one engine, once per (function, argument shapes).
 
   functions: name -> fn(engine, *args); donate: name -> argnums donated (on accelerators the
-  loop updates the KV buffers in place). `compile_s` adds up the seconds spent compiling.
+  loop updates the KV buffers in place). `compile_s` adds up the seconds spent compiling. An
+  engine with a mesh traces on it (`mesh.on_mesh`).
   """
 
   def __init__(self, engine, functions: dict, donate: dict | None = None):
@@ -37,7 +40,7 @@ class Executables:
     key = (name, signature(args))
     if key not in self._compiled:
       t0 = time.perf_counter()
-      fn = jax.jit(self.functions[name], static_argnums=0,
+      fn = jax.jit(on_mesh(self.functions[name]), static_argnums=0,
                    donate_argnums=self.donate.get(name, ()))
       self._compiled[key] = fn.lower(self.engine, *args).compile()
       self.compile_s += time.perf_counter() - t0

@@ -24,6 +24,7 @@ from hamburger_jax.decode import state as ds
 from hamburger_jax.decode.compaction import (bucket_index, micro_buckets, micro_prefill_rows,
                                              micro_step_rows, skips_unmerged)
 from hamburger_jax.decode import verify
+from hamburger_jax.decode.mesh import constrain_state
 from hamburger_jax.decode.micro import (Group, Pick, continue_probability,  # noqa: F401
                                          is_fence_token, pick)
 from hamburger_jax.decode.models import DecodeModel
@@ -47,6 +48,8 @@ class DecodeEngine:
   skip_unmerged: bool | None = None
   # Verified decoding (`decode/verify.py`): the base checks the drafts, answers are the base's.
   verify: bool = False
+  # A jax Mesh to decode on (`decode/mesh.py`), or None: one device.
+  mesh: Any = None
 
   @property
   def max_steps(self) -> int:
@@ -178,7 +181,9 @@ def loop(engine: DecodeEngine, params, state: ds.DecodeState, step_limit,
     return (st.iteration < step_limit) & ~jnp.all(st.done) & ~(until_a_row_ends & row_ended)
 
   step = verify.verify_step if engine.verify else _macro_step
-  return jax.lax.while_loop(cond, functools.partial(step, engine, params), state)
+  # On a mesh the carry keeps the state's shardings: no resharding between macro steps.
+  body = lambda st: constrain_state(engine.mesh, step(engine, params, st))
+  return jax.lax.while_loop(cond, body, state)
 
 
 def one_forward(engine: DecodeEngine, params, state: ds.DecodeState):

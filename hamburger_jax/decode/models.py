@@ -30,6 +30,7 @@ from hamburger_jax.model.config import HamburgerConfig, LlamaConfig
 from hamburger_jax.model.hamburger import HamburgerModel
 from hamburger_jax.model.layers import attend_rows
 from hamburger_jax.model.llama import LlamaModel
+from hamburger_jax.model.quantize import head_rows
 from hamburger_jax.model.scoring import Scorer
 
 
@@ -143,12 +144,8 @@ def decode_model(cfg, params, base: bool = False, draft_vocab=None,
     ids = draft_vocab_lib.check(draft_vocab, cfg.base.vocab_size)
     rest, weight = draft_vocab_lib.rest_sample(ids, cfg.base.vocab_size, rest_sample)
     rows = jnp.asarray(np.concatenate([ids, rest]))
-    base_params = params["base"]
-    if cfg.base.tie_word_embeddings:
-      table = jnp.take(jnp.asarray(base_params["embed_tokens"]["embedding"]), rows, axis=0)
-    else:                                                   # lm_head kernel [D, V]
-      table = jnp.take(jnp.asarray(base_params["lm_head"]["kernel"]), rows, axis=1).T
-    draft = {"ids": jnp.asarray(ids), "table": table.astype(cfg.base.jnp_dtype),
+    table = head_rows(params["base"], rows, cfg.base.tie_word_embeddings, cfg.base.jnp_dtype)
+    draft = {"ids": jnp.asarray(ids), "table": table,
              "rest_log_weight": jnp.float32(np.log(weight))}
     return HamburgerDecodeModel(cfg, int(ids.size)), {**params, "draft": draft}
   if isinstance(cfg, LlamaConfig):

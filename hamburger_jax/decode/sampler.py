@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hamburger_jax.decode import loop as lp
+from hamburger_jax.decode import mesh as mesh_lib
 from hamburger_jax.decode import prompts as prompts_lib
 from hamburger_jax.decode import state as ds
 from hamburger_jax.decode.compile_cache import Executables, next_pow2
@@ -28,6 +29,7 @@ from hamburger_jax.decode.loop import TRACE_COUNTS, continue_probability  # noqa
 from hamburger_jax.decode.models import decode_model
 from hamburger_jax.decode.sampling import SamplingParams
 from hamburger_jax.decode.state import DecodeResult
+from hamburger_jax.model import quantize as quantize_lib
 
 
 class Sampler:
@@ -48,14 +50,23 @@ class Sampler:
   verify: verified decoding (`decode/verify.py`): the base checks the micro decoder's drafts in
   its next forward, so the answer is the base's own (greedy: token for token). A HAMburger model
   only; the KV buffer gets S - 1 spare slots (a forward writes S) so it holds as many tokens.
+  mesh: a jax Mesh (`decode.mesh.make_decode_mesh`) to decode on, params and KV buffers sharded
+  (`decode/mesh.py`); None: one device.
+  quantize: "int8" decodes with int8 weights (`model/quantize.py`, quantized once here; params
+  quantized already are kept); None or "none": the params as given.
   """
 
   def __init__(self, cfg, params, *, base: bool = False, cache_length: int = 1024,
                out_length: int | None = None, eos_ids: Sequence[int] | None = None,
                min_prompt_bucket: int = 16, donate: bool = True,
                compact_micro_steps: bool | None = None,
-               skip_unmerged: bool | None = None, draft_vocab=None, verify: bool = False):
+               skip_unmerged: bool | None = None, draft_vocab=None, verify: bool = False,
+               mesh=None, quantize: str | None = None):
     model, params = decode_model(cfg, params, base, draft_vocab)
+    try:
+      params = quantize_lib.apply_mode(params, model.llama, quantize)
+    except ValueError as e:
+      raise DecodeInputError(str(e)) from None
     if cache_length < 1:
       raise DecodeInputError(f"cache_length must be >= 1, got {cache_length}.")
     if verify and model.max_steps == 1:
@@ -63,11 +74,11 @@ class Sampler:
                              "base alone has no drafts to verify (drop --base or --verify).")
     spare = model.max_steps - 1 if verify else 0
     self.engine = lp.DecodeEngine(model, cache_length + spare, out_length or cache_length,
-                                  compact_micro_steps, skip_unmerged, verify)
+                                  compact_micro_steps, skip_unmerged, verify, mesh)
     self.max_prompt_len = cache_length
     llama = model.llama
     self.eos_ids = llama.eos_token_ids if eos_ids is None else tuple(int(e) for e in eos_ids)
-    self.params = jax.device_put(params)
+    self.params = mesh_lib.place_params(mesh, model, params)
     self.min_prompt_bucket = min_prompt_bucket
     self.executables = Executables(
         self.engine, {"prefill": lp.prefill, "loop": lp.loop, "forward": lp.one_forward},

@@ -15,6 +15,7 @@ import numpy as np
 
 from hamburger_jax.model import partitioning as pt
 from hamburger_jax.model.config import LlamaConfig, RopeScaling
+from hamburger_jax.model.quantize import Dense
 
 default_init = nn.initializers.normal(stddev=0.02)
 
@@ -25,13 +26,14 @@ def logical(init, axes):
 
 def dense(features: int, axes: tuple[str, str], cfg: LlamaConfig, name: str,
           use_bias: bool = False, bias_axis: str | None = None) -> nn.Dense:
-  """A Dense layer (kernel [in, out]) with logical axis names and the config's dtypes."""
+  """A Dense layer (kernel [in, out]) with logical axis names and the config's dtypes (it also
+  reads an int8 kernel with its scale: `hamburger_jax.model.quantize`)."""
   kwargs = {}
   if use_bias:
     kwargs["bias_init"] = logical(nn.initializers.zeros_init(), (bias_axis or axes[1],))
-  return nn.Dense(features, use_bias=use_bias, dtype=cfg.jnp_dtype,
-                  param_dtype=cfg.jnp_param_dtype, kernel_init=logical(default_init, axes),
-                  name=name, **kwargs)
+  return Dense(features, use_bias=use_bias, dtype=cfg.jnp_dtype,
+               param_dtype=cfg.jnp_param_dtype, kernel_init=logical(default_init, axes),
+               name=name, **kwargs)
 
 
 # XLA's CPU dot packs the whole right-hand matrix before a product, so a few rows times a large

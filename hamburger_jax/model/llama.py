@@ -22,6 +22,7 @@ from hamburger_jax.model.config import LlamaConfig
 from hamburger_jax.model.execution import SUBLAYER_INPUT, Execution, remat_policy
 from hamburger_jax.model.layers import (RMSNorm, SwiGLU, attend_rows, default_init, dense,
                                         logical)
+from hamburger_jax.model.quantize import Embed, scale_logits
 
 _RESIDUAL = (pt.BATCH, pt.LENGTH, pt.EMBED)
 
@@ -130,9 +131,9 @@ class LlamaModel(nn.Module):
 
   def setup(self):
     c = self.cfg
-    self.embed_tokens = nn.Embed(c.vocab_size, c.hidden_size, dtype=c.jnp_dtype,
-                                 param_dtype=c.jnp_param_dtype,
-                                 embedding_init=logical(default_init, ("vocab", "embed")))
+    self.embed_tokens = Embed(c.vocab_size, c.hidden_size, dtype=c.jnp_dtype,
+                              param_dtype=c.jnp_param_dtype,
+                              embedding_init=logical(default_init, ("vocab", "embed")))
     self.layers = make_layers(c, self.execution, c.num_layers)
     self.norm = RMSNorm(c.rms_norm_eps, c.jnp_dtype, c.jnp_param_dtype)
     if not c.tie_word_embeddings:
@@ -150,8 +151,8 @@ class LlamaModel(nn.Module):
     """
     if self.cfg.tie_word_embeddings:
       if decoding:
-        dtype = self.cfg.jnp_dtype
-        return attend_rows(hidden.astype(dtype), self.embed_tokens.embedding.astype(dtype))
+        table, scale = self.embed_tokens.head_table(self.cfg.jnp_dtype)
+        return scale_logits(attend_rows(hidden.astype(table.dtype), table), scale)
       out = self.embed_tokens.attend(hidden)
     else:
       out = self.lm_head(hidden)

@@ -196,7 +196,7 @@ def export(out: str, cfg, params, record: dict) -> list[str]:
 def manifest(run: dict, stats: dict, config, metrics: dict) -> dict:
   """The shipped manifest's base and decoding entries + how these weights were made."""
   shipped = read_manifest()
-  out = {k: v for k, v in shipped.items() if k != "training"}
+  out = {k: v for k, v in shipped.items() if k not in ("training", "verify_drafter")}
   data = {k: stats[k] for k in ("answers", "lines", "examples", "response_tokens",
                                 "tokens_per_group", "split_examples", "segmentation")}
   history = shipped["training"].get("history", "")

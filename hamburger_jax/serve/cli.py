@@ -21,9 +21,11 @@ import sys
 from typing import Sequence
 
 from hamburger_jax.convert import CheckpointError
-from hamburger_jax.decode.checkpoint import code_fence_ids, open_checkpoint, resolve_knobs
+from hamburger_jax.decode.checkpoint import (check_quantize, code_fence_ids, open_checkpoint,
+                                             resolve_knobs)
 from hamburger_jax.decode.prompts import UsageError
 from hamburger_jax.decode import verify
+from hamburger_jax.decode.mesh import make_decode_mesh, parse_mesh
 from hamburger_jax.decode.sampler import DecodeInputError
 from hamburger_jax.model.config import HamburgerConfig
 from hamburger_jax.serve import app as app_limits
@@ -86,6 +88,10 @@ class ServeArgs:
   log_level: str = _flag("info", "uvicorn log level")
   verify: bool = _flag(False, "verified decoding: the base checks the micro decoder's drafts, so "
                               "every answer is the base model's own (greedy: token for token)")
+  quantize: str = _flag("none", "weights decoding reads: 'none' (as stored) or 'int8' (int8 with "
+                                "per-channel scales, quantized once at load)")
+  mesh: str = _flag("", "decode one model over a device mesh, e.g. 'tensor=4' or "
+                        "'data=2,tensor=4' (their product = the devices; '' = one device)")
   max_body_bytes: int = _flag(app_limits.MAX_BODY_BYTES, "largest request body (413 above it)")
   chars_per_token: int = _flag(
       service_limits.CHARS_PER_TOKEN, "prompts longer than this many characters per KV slot are "
@@ -126,6 +132,8 @@ def check_args(a: ServeArgs) -> None:
     raise UsageError("--temperature must be in [0, 2] and --confidence in (0, 1].")
   if a.min_token_prob is not None and not 0 <= a.min_token_prob <= 1:
     raise UsageError(f"--min_token_prob must be in [0, 1], got {a.min_token_prob}.")
+  check_quantize(a.quantize)
+  parse_mesh(a.mesh)
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -176,13 +184,15 @@ def build(a: ServeArgs) -> Service:
   check_args(a)
   d = open_checkpoint(a.ckpt, base_config=a.base_config, tokenizer=a.tokenizer, base=a.base,
                       token_ids=a.token_ids, draft_vocab=a.draft_vocab,
-                      code_fences=a.code_fences, system=a.system)
+                      code_fences=a.code_fences, system=a.system, quantize=a.quantize,
+                      verify=a.verify)
   engine = engines.make_engine(
       a.engine, d.config, d.params, base=d.base_only, num_slots=a.num_slots,
       cache_length=a.cache_length, chunk_steps=a.chunk_steps,
       eos_ids=tuple(d.llama.eos_token_ids), micro_policy=a.micro_policy,
       min_prompt_bucket=a.min_prompt_bucket, compact_micro_steps=a.compact_micro_steps,
-      draft_vocab=d.draft_vocab, verify=a.verify)
+      draft_vocab=d.draft_vocab, verify=a.verify,
+      mesh=make_decode_mesh(a.mesh) if a.mesh else None)
   if a.warmup:
     warm_up(engine)
   return service_for(engine, d.config, d.tokenizer, dataclasses.replace(

@@ -46,7 +46,8 @@ class SerialEngine:
   def __init__(self, cfg, params, *, base: bool = False, num_slots: int = 1,
                cache_length: int = 1024, chunk_steps: int = 8, eos_ids=(),
                micro_policy: str = "all", min_prompt_bucket: int = 16,
-               compact_micro_steps: bool | None = None, draft_vocab=None, verify: bool = False):
+               compact_micro_steps: bool | None = None, draft_vocab=None, verify: bool = False,
+               mesh=None):
     del compact_micro_steps                  # one row: every micro step runs on it alone
     if num_slots != 1:
       raise ValueError(f"SerialEngine decodes one request at a time: num_slots must be 1, got "
@@ -60,7 +61,7 @@ class SerialEngine:
     self.sampler = Sampler(cfg, params, base=base, cache_length=cache_length,
                            out_length=cache_length, eos_ids=self.eos_ids,
                            min_prompt_bucket=min_prompt_bucket, draft_vocab=draft_vocab,
-                           verify=verify)
+                           verify=verify, mesh=mesh)
     self.max_prompt_len = cache_length
     self.scorer = prompt_scorer(self.sampler.engine.model, self.sampler.params, cache_length)
     self.chunk_steps = chunk_steps

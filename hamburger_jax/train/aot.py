@@ -10,6 +10,7 @@ RESOURCE_EXHAUSTED at compile time; `fits=False` and the message are reported in
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import time
@@ -85,7 +86,7 @@ def memory_report(compiled, hbm_gib: float | None = None) -> dict:
   return out
 
 
-def _compile(lowered_fn, hbm_gib):
+def _compile(lowered_fn, hbm_gib, inspect=None):
   """Runs lower+compile -> report dict (fits=False with XLA's message when HBM is exceeded).
 
   Matmuls keep the TPU's default precision whatever the caller set (a process that asks for
@@ -103,6 +104,8 @@ def _compile(lowered_fn, hbm_gib):
     return {"fits": False, "compile_s": time.perf_counter() - t0, "error": msg.splitlines()[0],
             "temp_gib": float(needed.group(1)) if needed else None, "hbm_gib": hbm_gib}
   report = memory_report(compiled, hbm_gib)
+  if inspect is not None:                 # inspect(compiled) -> more fields of the report
+    report.update(inspect(compiled))
   report.update(fits=report["total_gib"] <= hbm_gib, compile_s=time.perf_counter() - t0,
                 compile_cpu_s=time.process_time() - c0)   # all threads: less load-dependent
   return report
@@ -138,22 +141,30 @@ def _on(device, tree):
 
 
 def compile_decode_loop(cfg, device, batch: int, cache_length: int, prompt_len: int = 16,
-                        base: bool = False, verify: bool = False) -> dict:
+                        base: bool = False, verify: bool = False, inspect=None,
+                        quantize: str | None = None, mesh: str | None = None) -> dict:
   """AOT-compiles the decode loop (`decode.sampler`'s while_loop over macro steps) on one chip.
 
   cfg: a HamburgerConfig (its dtypes are the params' and the KV cache's); base=True decodes with
   the base model alone (one token per macro step); verify=True is verified decoding
   (`decode/verify.py`: the base reads the pending token and its drafts, S inputs per row).
-  Params and the state are abstract.
+  Params and the state are abstract. inspect: compiled -> more fields of the report.
+  quantize: "int8" = int8 weights with per-channel scales (`model/quantize.py`).
+  mesh: e.g. "tensor=8" over `device`, then a list of chips (`decode/mesh.py`): params and state
+  sharded as on the chips; memory and bytes are per chip.
   """
   from hamburger_jax.decode import loop as lp, state as ds
+  from hamburger_jax.decode.mesh import on_mesh
   from hamburger_jax.decode.models import decode_model
   from hamburger_jax.decode.sampling import SamplingParams
   from hamburger_jax.model.hamburger import init_params
+  from hamburger_jax.model.quantize import apply_mode
   init = lambda r: init_params(cfg, r)
   params = jax.eval_shape(init, jax.random.PRNGKey(0))
   model, params = decode_model(cfg, params, base=base)
-  engine = lp.DecodeEngine(model, cache_length, cache_length, verify=verify)
+  params = jax.eval_shape(lambda p: apply_mode(p, model.llama, quantize), params)
+  grid = decode_mesh(mesh, device, model)
+  engine = lp.DecodeEngine(model, cache_length, cache_length, verify=verify, mesh=grid)
   knobs = ds.DecodeKnobs.make(batch, confidence=0.8, min_token_prob=0.0,
                               max_new_tokens=cache_length, max_group=engine.max_steps,
                               eos_ids=(), sampling=SamplingParams.greedy())
@@ -162,12 +173,46 @@ def compile_decode_loop(cfg, device, batch: int, cache_length: int, prompt_len: 
       engine, p, jnp.zeros((batch, prompt_len), jnp.int32), zeros, zeros + prompt_len + 1,
       jnp.zeros((batch,), bool), jnp.zeros((batch, 2), jnp.uint32), knobs,
       ds.MicroPolicy.parse("all")), params)
-  loop = jax.jit(lp.loop, static_argnums=0, donate_argnums=(2,))
-  args = _on(device, (params, state, jax.ShapeDtypeStruct((), jnp.int32)))
-  report = _compile(lambda: loop.lower(engine, *args), hbm_gib([device]))
+  loop = jax.jit(on_mesh(lp.loop), static_argnums=0, donate_argnums=(2,))
+  if grid is None:
+    args = _on(device, (params, state, jax.ShapeDtypeStruct((), jnp.int32)))
+  else:
+    args = _on_mesh(grid, model, params, state)
+  report = _compile(lambda: loop.lower(engine, *args), hbm_gib(list(grid.devices.flat) if grid
+                                                               else [device]), inspect)
   # Bytes one macro step touches: the loop body's share of the loop's bytes accessed is not
   # separable in XLA's cost model, so this is the whole loop body counted once per iteration.
   report["kv_cache_gib"] = sum(x.size * x.dtype.itemsize
                                for x in jax.tree.leaves(state.cache)) / GIB
   report["param_gib"] = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params)) / GIB
+  if grid is not None:
+    report.update(mesh=mesh, chips=grid.devices.size,
+                  param_gib_per_chip=_per_chip_gib(args[0]),
+                  kv_cache_gib_per_chip=_per_chip_gib(args[1].cache))
   return report
+
+
+def decode_mesh(spec: str | None, devices, model):
+  """The decode Mesh `spec` over `devices` (None without a spec), checked against the model."""
+  if not spec:
+    return None
+  from hamburger_jax.decode import mesh as mesh_lib
+  grid = mesh_lib.make_decode_mesh(spec, devices)
+  mesh_lib.check_model_fits(grid, model.llama)
+  return grid
+
+
+def _on_mesh(grid, model, params, state):
+  """(params, state, step limit) as ShapeDtypeStructs sharded like decoding on `grid`."""
+  from hamburger_jax.decode import mesh as mesh_lib
+  put = lambda tree, shardings: jax.tree.map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+  return (put(params, mesh_lib.param_shardings(grid, model.cfg, params)),
+          put(state, mesh_lib.state_shardings(grid, state)),
+          jax.ShapeDtypeStruct((), jnp.int32, sharding=sharding.replicated(grid)))
+
+
+def _per_chip_gib(tree) -> float:
+  """GiB one chip holds of a tree of sharded ShapeDtypeStructs."""
+  return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
+             for x in jax.tree.leaves(tree)) / GIB

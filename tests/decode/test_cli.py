@@ -138,6 +138,8 @@ class _TTY(io.StringIO):
     (dict(prompt="1,5", prompt_file="/nonexistent/prompts.txt"), "not both"),
     (dict(prompt_file="/nonexistent/prompts.txt"), "Cannot read --prompt_file"),
     (dict(prompt="1,5", top_p=0.0), "top_p"),
+    (dict(prompt="1,5", mesh="tensor=2"), "spans 2 devices but 1 are available"),
+    (dict(prompt="1,5", mesh="model=2"), "Unknown mesh axis 'model'"),
 ])
 @pytest.mark.slow
 def test_bad_input_gives_exit_code_2_and_a_clear_message(ckpt, kwargs, message):

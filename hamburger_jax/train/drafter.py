@@ -1,0 +1,152 @@
+"""Training the micro decoder and stop head for verified decoding, on cached base features.
+
+The base never runs here: `drafter_features` cached its features over unmerged answers once. Only
+params["micro_decoder"] (its layers and the stop head) train; the token embedding / LM head stay
+the base's. For a cached position t (input x_t, features h_t [F, D]) the micro decoder is teacher
+forced with x_{t+1} .. x_{t+S-1}; its step j >= 1 drafts the base's greedy token g_{t+j} (the
+acceptance target), its stop head at step j predicts that draft j + 1 is rejected:
+
+    loss = CE(draft logits over the draft vocabulary, g_{t+j})          j = 1 .. S-1, valid rows
+         + stop_weight * BCE(stop logit at j, draft j+1 rejected)       j = 0 .. S-2
+
+A step is valid while the fed tokens are the base's own greedy path (x_{t+i+1} == g_{t+i}, i < j)
+and its target is in the draft vocabulary (drafts choose only from it).
+
+    metrics = acceptance(cfg, params, draft_ids, cache)   # per draft index, teacher forced
+    params, log = train(cfg, params, draft_ids, train_cache, steps=..., batch=...)
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from hamburger_jax.model.hamburger import HamburgerModel
+
+
+def valid_steps(teacher: np.ndarray, greedy: np.ndarray, draft_ids: np.ndarray) -> np.ndarray:
+  """[N, S] bool: step j's draft target g_{t+j} is on the base's greedy path and draftable."""
+  on_path = np.cumprod(teacher[:, :-1] == greedy[:, :-1], axis=1).astype(bool)   # i < j, j>=1
+  member = np.zeros(int(max(greedy.max(), draft_ids.max())) + 2, bool)
+  member[draft_ids] = True
+  draftable = member[np.maximum(greedy[:, 1:], 0)] & (greedy[:, 1:] >= 0)
+  valid = np.zeros(greedy.shape, bool)
+  valid[:, 1:] = on_path & draftable
+  return valid
+
+
+def _index_in_draft(greedy: np.ndarray, draft_ids: np.ndarray, vocab_size: int) -> np.ndarray:
+  """[N, S] the target's index among the draft ids (0 where it is not one)."""
+  where = np.zeros(vocab_size, np.int32)
+  where[draft_ids] = np.arange(draft_ids.size, dtype=np.int32)
+  return where[np.clip(greedy, 0, vocab_size - 1)]
+
+
+def _frozen(params):
+  """What the drafter reads (token embedding, micro decoder) as device arrays: jit arguments, never
+  constants folded into the program."""
+  return {"base": {"embed_tokens": jax.device_put(params["base"]["embed_tokens"])},
+          "micro_decoder": jax.device_put(params["micro_decoder"])}
+
+
+def _outputs(cfg, params, micro, draft_ids, features, teacher):
+  """-> (draft logits [N, S, K] f32, stop logits [N, S] f32) with micro-decoder params `micro`."""
+  full = {**params, "micro_decoder": micro}
+  model = HamburgerModel(cfg)
+  out = model.apply({"params": full}, features[:, None].astype(cfg.base.jnp_dtype),
+                    teacher[:, None], method=HamburgerModel.micro_outputs)[:, 0]   # [N, S, D]
+  stop = model.apply({"params": full}, out, method=HamburgerModel.stop)
+  table = jnp.take(jnp.asarray(params["base"]["embed_tokens"]["embedding"]), draft_ids,
+                   axis=0).astype(jnp.float32)
+  return out.astype(jnp.float32) @ table.T, stop
+
+
+def _loss(cfg, params, micro, draft_ids, batch, stop_weight):
+  logits, stop = _outputs(cfg, params, micro, draft_ids, batch["features"], batch["teacher"])
+  valid = batch["valid"][:, 1:]
+  target = batch["target_index"][:, 1:]
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits[:, 1:], target)
+  ce = jnp.sum(ce * valid) / jnp.maximum(jnp.sum(valid), 1)
+  accepted = jax.lax.stop_gradient(jnp.argmax(logits[:, 1:], -1) == target) & valid
+  rejected = (~accepted).astype(jnp.float32)
+  bce = optax.sigmoid_binary_cross_entropy(stop[:, :-1], rejected)
+  bce = jnp.sum(bce * valid) / jnp.maximum(jnp.sum(valid), 1)
+  return ce + stop_weight * bce, (ce, bce, accepted, valid)
+
+
+def prepare(cache: dict, draft_ids: np.ndarray, vocab_size: int) -> dict:
+  """The cache -> the arrays a batch is cut from (features, teacher, valid, target_index)."""
+  return {"features": cache["features"], "teacher": cache["teacher"],
+          "valid": valid_steps(cache["teacher"], cache["greedy"], draft_ids),
+          "target_index": _index_in_draft(cache["greedy"], draft_ids, vocab_size)}
+
+
+def acceptance(cfg, params, draft_ids, data: dict, batch: int = 512) -> dict:
+  """Teacher-forced acceptance on `data` (from `prepare`): per draft index j, the fraction of
+  drafts the base accepts given every earlier one was, and the tokens per forward with S - 1
+  drafts always proposed (1 + expected accepted prefix)."""
+  fn = jax.jit(lambda p, ids, f, t: _outputs(cfg, p, p["micro_decoder"], ids, f, t))
+  s = cfg.max_steps
+  params, ids = _frozen(params), jnp.asarray(draft_ids)
+  hits = []
+  for a in range(0, len(data["teacher"]), batch):
+    logits, _ = fn(params, ids, jnp.asarray(data["features"][a:a + batch]),
+                   jnp.asarray(data["teacher"][a:a + batch]))
+    ok = (np.asarray(jnp.argmax(logits, -1)) == data["target_index"][a:a + batch])
+    hits.append(ok & data["valid"][a:a + batch])
+  hit = np.concatenate(hits)[:, 1:]
+  # A row counts where every step up to the last it reaches is valid (targets exist).
+  prefix = np.cumprod(hit, axis=1).astype(bool)
+  reached = np.concatenate([np.ones((len(hit), 1), bool), prefix[:, :-1]], axis=1)
+  rows = data["valid"][:, 1:].all(axis=1)
+  conditional = [float(np.sum(prefix[rows, j]) / max(np.sum(reached[rows, j]), 1))
+                 for j in range(s - 1)]
+  return {"positions": int(np.sum(rows)), "conditional_acceptance": conditional,
+          "tokens_per_forward": float(1.0 + np.mean(np.sum(prefix[rows], axis=1)))}
+
+
+def train(cfg, params, draft_ids, data: dict, *, steps: int, batch: int = 256, lr: float = 3e-4,
+          stop_weight: float = 0.5, stop_head_only: bool = False, seed: int = 0,
+          log_every: int = 50, log=print):
+  """Adam(W) with cosine decay on params["micro_decoder"] only -> (params, history rows).
+
+  stop_head_only: the drafts stay as they are and only the stop head learns, from their
+  acceptance on `data` (answers the drafter never trained on, so the stop head learns the
+  acceptance it will meet, not its training fit)."""
+  opt = optax.adamw(optax.warmup_cosine_decay_schedule(0.0, lr, min(100, steps // 10 + 1), steps,
+                                                       lr * 0.1), weight_decay=0.0)
+  frozen = _frozen(params)
+  micro = frozen["micro_decoder"]
+  state = opt.init(micro)
+  ids = jnp.asarray(draft_ids)
+
+  def loss_fn(m, frozen, b):
+    if stop_head_only:
+      m = {k: v if k == "stop_head" else jax.lax.stop_gradient(v) for k, v in m.items()}
+    return _loss(cfg, frozen, m, ids, b, stop_weight)
+
+  @jax.jit
+  def step(frozen, micro, state, b):
+    (loss, (ce, bce, acc, valid)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+        micro, frozen, b)
+    updates, state = opt.update(grads, state, micro)
+    rate = jnp.sum(acc) / jnp.maximum(jnp.sum(valid), 1)
+    return optax.apply_updates(micro, updates), state, {"loss": loss, "ce": ce, "bce": bce,
+                                                        "draft_accuracy": rate}
+
+  rng = np.random.default_rng(seed)
+  rows = np.flatnonzero(data["valid"][:, 1])
+  history, t0 = [], time.time()
+  for i in range(1, steps + 1):
+    pick = rng.choice(rows, size=batch, replace=False)
+    b = {k: jnp.asarray(v[pick]) for k, v in data.items()}
+    micro, state, m = step(frozen, micro, state, b)
+    if i % log_every == 0 or i == steps:
+      row = {"step": i, **{k: float(v) for k, v in m.items()}, "seconds": time.time() - t0}
+      history.append(row)
+      log(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
+  return {**params, "micro_decoder": jax.device_get(micro)}, history
