@@ -16,25 +16,26 @@ to --out: the grafted weights in bf16 as safetensors shards of at most 16 MiB
 draft_vocab.json (the shipped one) and manifest.json (how they were made: steps, batch, minutes,
 machine, held-out metrics). `--dry_run`: the same on a few answers at tiny sizes (CPU, ~1 minute).
 
-On the GPU machine (no network; Python 3.12 with JAX, Flax, Optax and Orbax), in four calls:
+On the GPU machine (no network; Python 3.12 with JAX, Flax, Optax and Orbax), in N calls:
 
 1. Here, once: `python -m hamburger_jax.recipes.smollm2 accelerate --pack runs/accelerate`
    downloads the 13 wheels the machine lacks (the base among them: 89 MiB; 98 MiB in all) and
-   splits them into runs/accelerate/carry/1..4 of about 25 MiB each, so that each call stays under
-   64 MiB with the working tree (31 MiB; recipes.accelerate_pack, `--bundle_mib` to change).
-2. Calls 1 to 3, back to back so that the machine stays warm (its /tmp is kept only while it is
-   held), K = 1, 2, 3:
+   splits them into runs/accelerate/carry/1..N, as few as keep each call under 64 MiB with the
+   working tree (recipes.accelerate_pack, `--bundle_mib` to change; at 46 MiB of tracked files,
+   N = 7 of about 14 MiB; repack whenever the tree has grown).
+2. Calls 1 to N - 1, back to back so that the machine stays warm (its /tmp is kept only while it
+   is held), K = 1 .. N - 1:
        carry ["runs/accelerate/carry/K"]
        mkdir -p /tmp/hamburger_stage && cp runs/accelerate/carry/K/* /tmp/hamburger_stage/
-3. Call 4, the run (timeout_s 600; 8 minutes of training leave ~1.5 for the copy and install):
-       carry ["runs/accelerate/carry/4"]
-       set -o pipefail; mkdir -p /tmp/hamburger_stage && cp runs/accelerate/carry/4/* \
+3. Call N, the run (timeout_s 600; 8 minutes of training leave ~1.5 for the copy and install):
+       carry ["runs/accelerate/carry/N"]
+       set -o pipefail; mkdir -p /tmp/hamburger_stage && cp runs/accelerate/carry/N/* \
        /tmp/hamburger_stage/ && PYTHONUNBUFFERED=1 python3 -m hamburger_jax.recipes.smollm2 \
        accelerate --stage /tmp/hamburger_stage --minutes 8 --out $OUT/smollm2_hamburger \
        2>&1 | tee $OUT/accelerate.log
    `--stage` joins the parts, checks their sha256 and installs the wheels into
    /tmp/hamburger_stage/site (a machine given back in between loses them: the join names the
-   missing parts, and calls 1-3 are repeated). Back come smollm2_hamburger/{params-*-of-*
+   missing parts, and calls 1 to N - 1 are repeated). Back come smollm2_hamburger/{params-*-of-*
    .safetensors (2), hamburger_config.json, manifest.json, draft_vocab.json} and accelerate.log:
    6 files, about 24 MB. The run's log shows the timing, the planned steps and the held-out
    metrics before and after; the manifest keeps them with the machine and the command.
