@@ -9,8 +9,9 @@ r"""Decode speed of HAMburger against its base model, same prompts and weights, 
     python -m benchmarks.decode_speed --engine batch --batch_sizes 8 --num_prompts 8 \
         --max_new_tokens 16                                    # quick
     python -m benchmarks.decode_speed --engine continuous --length_spread 0.5
+    python -m benchmarks.decode_speed --engine floor --preset llama3.2-1b --out $OUT/floor.json
 
-Three measurements, picked by flags:
+The measurements, picked by flags:
   --engine sampler (default)  `Sampler.decode` of random (or --ckpt) weights, base vs HAMburger
       at each confidence, per batch size and output length: tokens/s, tokens per KV slot, loop
       overhead (benchmarks/speed/sampler.py). JSON {"meta", "records"} and a PNG to
@@ -26,6 +27,9 @@ Three measurements, picked by flags:
       (`batch`, spelt `static` in the JSON) and/or continuous batching, per micro-step policy,
       with token agreement and base NLL (benchmarks/speed/batched.py). JSON {"rows",
       "components", ...} to docs/results/data/serving/batching_speed.json after every batch size.
+  --engine floor              one GPU: ms per decode-loop iteration of the base and of HAMburger
+      against the memory-bandwidth floor (weights + KV cache read once), per XLA-flags / int8
+      variant (benchmarks/speed/step_floor.py, its own flags: --engine floor --help).
 Every JSON also holds "provenance" (command, commit, date, machine). --out overrides the path.
 """
 
@@ -71,7 +75,7 @@ class _Engines(argparse.Action):
     if names not in (["sampler"], ["verify"]) and (
         not names or set(names) - {"batch", "continuous"}):
       parser.error(f"{option_string} must name static and/or continuous (static may be written "
-                   f"batch), or be sampler or verify alone; got {values!r}")
+                   f"batch), or be sampler, verify or floor alone; got {values!r}")
     setattr(namespace, self.dest, names)
 
 
@@ -80,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
                               formatter_class=_Formatter,
                               epilog=__doc__.split("\n\n", 1)[1])
   p.add_argument("--engine", "--engines", action=_Engines, default=["sampler"],
-                 help="sampler (default), batch (= static) and/or continuous, or verify")
+                 help="sampler (default), batch (= static) and/or continuous, verify, or floor")
   p.add_argument("--micro_layers", type=positive_ints, default=None,
                  help="micro-decoder depths to compare, e.g. 2,4 (sampler engine)")
   p.add_argument("--batch_sizes", default=None, help="comma-separated (default 1,8; batched "
@@ -247,6 +251,13 @@ def run_verified(args, argv) -> dict:
 
 
 def main(argv=None):
+  argv = sys.argv[1:] if argv is None else argv
+  pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+  pre.add_argument("--engine", "--engines")
+  engine, rest = pre.parse_known_args(argv)
+  if engine.engine == "floor":             # its own flags and processes
+    from benchmarks.speed import step_floor  # pylint: disable=import-outside-toplevel
+    return step_floor.main(rest, __spec__.name, argv)
   args, mode = parse_args(argv)
   run = {"sampler": run_sampler, "micro_layers": run_micro_layers, "batched": run_batched,
          "verify": run_verified}[mode]

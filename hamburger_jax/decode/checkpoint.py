@@ -105,7 +105,7 @@ def open_checkpoint(ckpt: str, *, base_config: str | None = None, tokenizer: str
       tokenizer = entry.tokenizer_dir()
   tok = None if token_ids else load_tokenizer(ckpt, tokenizer)
   cfg, params, base_only = _load(ckpt, base_config, base)
-  ckpt_dir = entry.asset_dir if entry is not None else ckpt
+  ckpt_dir = checkpoint_dir(ckpt)
   if verify and not base_only:
     params = load_verify_drafter(ckpt_dir, params)
   params = quantize_lib.apply_mode(params, cfg, quantize)
@@ -120,6 +120,12 @@ def open_checkpoint(ckpt: str, *, base_config: str | None = None, tokenizer: str
       draft_vocab=None if base_only else load_draft_vocab(
           draft_vocab, ckpt_dir, cfg),
       eos_ids=tuple(eos))
+
+
+def checkpoint_dir(ckpt: str) -> str:
+  """The directory holding `ckpt`'s files: a named checkpoint's asset dir, else `ckpt` itself."""
+  entry = named(ckpt)
+  return entry.asset_dir if entry is not None else ckpt
 
 
 def load_verify_drafter(ckpt_dir: str, params):

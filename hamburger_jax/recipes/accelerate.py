@@ -21,8 +21,11 @@ On the GPU machine (no network; Python 3.12 with JAX, Flax, Optax and Orbax), in
 1. Here, once: `python -m hamburger_jax.recipes.smollm2 accelerate --pack runs/accelerate`
    downloads the 13 wheels the machine lacks (the base among them: 89 MiB; 98 MiB in all) and
    splits them into runs/accelerate/carry/1..N, as few as keep each call under 64 MiB with the
-   working tree (recipes.accelerate_pack, `--bundle_mib` to change; at 46 MiB of tracked files,
-   N = 7 of about 14 MiB; repack whenever the tree has grown).
+   working tree (recipes.accelerate_pack, `--bundle_mib` to change; repack whenever the tree has
+   changed). The whole checkout travels with each call: at 46 MiB of tracked files N = 7; on a
+   scratch branch that `git rm`s what the run never reads (assets/smollm2_hamburger/
+   verify_drafter.safetensors, tests/fixtures/official_tiny/*, docs/architecture.png; 25 MiB
+   left) N = 3 of 33 MiB, and the staging calls take seconds each.
 2. Calls 1 to N - 1, back to back so that the machine stays warm (its /tmp is kept only while it
    is held), K = 1 .. N - 1:
        carry ["runs/accelerate/carry/K"]
@@ -66,6 +69,10 @@ DRY_RUN = {"lines": "1:9", "eval_examples": 2, "batch_size": 1, "seq_len": 96, "
            "probe_steps": 0, "minutes": 30.0}
 PLAN_FILE = "plan.json"
 EXPORT_S = 20.0          # export + manifest, kept free at the end (with the final evaluation)
+# The loop's restart after the probe, as a share of the probe's load and first step: on one H200
+# (docs/results/training.md) it took 38 s of their 146 s (checkpoint read, programs from the
+# persistent compile cache). Too little kept free only ends the run at its deadline, at a saved step.
+RESTART_SHARE = 0.5
 
 
 class Clock:
@@ -123,7 +130,8 @@ def probe(config, timed_steps: int) -> Probe:
 
 def plan_steps(workdir: str, args, cap: int, p: Probe, clock: Clock) -> int:
   """The step count: the saved plan of a run being resumed, else what fits in the time left
-  (a fresh start of the loop costs about the probe's load and first step again), at most `cap`."""
+  (a fresh start of the loop costs RESTART_SHARE of the probe's load and first step), at most
+  `cap`."""
   path = os.path.join(workdir, PLAN_FILE)
   key = {"lines": args.lines, "batch_size": args.batch_size, "seq_len": args.seq_len}
   if os.path.isfile(path):
@@ -132,7 +140,7 @@ def plan_steps(workdir: str, args, cap: int, p: Probe, clock: Clock) -> int:
     if {k: plan.get(k) for k in key} != key:
       raise ValueError(f"{workdir} holds a run of {plan}, not of {key}: use another --workdir.")
     return int(plan["steps"])
-  seconds = clock.left() - p.load_s - p.first_s - p.eval_s - EXPORT_S
+  seconds = clock.left() - RESTART_SHARE * (p.load_s + p.first_s) - p.eval_s - EXPORT_S
   steps = steps_lib.fit_steps(seconds, p.step_s, cap)
   with open(path, "w") as f:
     json.dump(dict(key, steps=steps, seconds_per_step=p.step_s), f)
@@ -171,8 +179,9 @@ def run(args) -> dict:
   p = probe(config, args.probe_steps)
   steps = plan_steps(workdir, args, cap, p, clock)
   steps_lib.set_cadence(config, steps, stats)
-  log(f"{p.step_s:.3f} s per step of batch {args.batch_size} (first {p.first_s:.0f} s, held-out "
-      f"evaluation {p.eval_s:.0f} s): {steps} steps (at most {cap}), {clock.left():.0f} s left")
+  log(f"{p.step_s:.3f} s per step of batch {args.batch_size} (load {p.load_s:.0f} s, first step "
+      f"{p.first_s:.0f} s, held-out evaluation {p.eval_s:.0f} s): {steps} steps (at most {cap}), "
+      f"{clock.left():.0f} s left")
   log(f"checkpoints every {config.checkpoint.every_steps} steps in {workdir}/train")
   t = time.time()
   state, stopped = steps_lib.train(config, workdir, clock.deadline - p.eval_s - EXPORT_S)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import logging
 import os
 import signal
@@ -21,18 +22,19 @@ import sys
 from typing import Sequence
 
 from hamburger_jax.convert import CheckpointError
-from hamburger_jax.decode.checkpoint import (check_quantize, code_fence_ids, open_checkpoint,
-                                             resolve_knobs)
+from hamburger_jax.decode.checkpoint import (check_quantize, checkpoint_dir, code_fence_ids,
+                                             load_verify_drafter, open_checkpoint, resolve_knobs)
 from hamburger_jax.decode.prompts import UsageError
 from hamburger_jax.decode import verify
 from hamburger_jax.decode.mesh import make_decode_mesh, parse_mesh
 from hamburger_jax.decode.sampler import DecodeInputError
+from hamburger_jax.model import quantize as quantize_lib
 from hamburger_jax.model.config import HamburgerConfig
 from hamburger_jax.serve import app as app_limits
 from hamburger_jax.serve import engines
 from hamburger_jax.serve import http
 from hamburger_jax.serve import service as service_limits
-from hamburger_jax.serve.protocol import Limits
+from hamburger_jax.serve.protocol import Limits, Modes
 from hamburger_jax.serve.service import Service
 from hamburger_jax.serve.worker import EngineWorker
 from hamburger_jax.text.tokenizer import TokenizerError
@@ -80,7 +82,8 @@ class ServeArgs:
                                                  "limit)")
   temperature: float = _flag(1.0, "temperature of requests that give none (OpenAI's default)")
   confidence: float | None = _flag(None, "confidence of requests that give none (default: the "
-                                         "checkpoint's recommended value, else 0.8)")
+                                         "checkpoint's recommended value, else 0.8; verified "
+                                         "decoding: 0.001)")
   min_token_prob: float | None = _flag(None, "min_token_prob of requests that give none (default: "
                                              "the checkpoint's recommended value, else 0)")
   shutdown_timeout: float = _flag(30.0, "seconds running requests get after SIGTERM")
@@ -88,6 +91,10 @@ class ServeArgs:
   log_level: str = _flag("info", "uvicorn log level")
   verify: bool = _flag(False, "verified decoding: the base checks the micro decoder's drafts, so "
                               "every answer is the base model's own (greedy: token for token)")
+  verify_requests: bool = _flag(
+      False, "run merged and verified decoding side by side, each request choosing with "
+             "'verify': true|false (--verify: the default); one copy of the base weights, twice "
+             "the KV buffers and the compile time")
   quantize: str = _flag("none", "weights decoding reads: 'none' (as stored) or 'int8' (int8 with "
                                 "per-channel scales, quantized once at load)")
   mesh: str = _flag("", "decode one model over a device mesh, e.g. 'tensor=4' or "
@@ -125,8 +132,9 @@ def check_args(a: ServeArgs) -> None:
                "keep_alive_timeout"):
     if not 0 < getattr(a, name) < float("inf"):
       raise UsageError(f"--{name} must be a number of seconds > 0, got {getattr(a, name)}.")
-  if a.verify and a.base:
-    raise UsageError("--verify checks HAMburger's drafts with the base; --base has no drafts: "
+  if (a.verify or a.verify_requests) and a.base:
+    flag = "--verify" if a.verify else "--verify_requests"
+    raise UsageError(f"{flag} checks HAMburger's drafts with the base; --base has no drafts: "
                      "give one of them.")
   if not 0 <= a.temperature <= 2 or not (a.confidence is None or 0 < a.confidence <= 1):
     raise UsageError("--temperature must be in [0, 2] and --confidence in (0, 1].")
@@ -151,25 +159,31 @@ def default_model_id(ckpt: str) -> str:
   return "hamburger-" + os.path.basename(os.path.normpath(ckpt))
 
 
-def service_for(engine, cfg, tokenizer, a: ServeArgs,
-                fence_ids: tuple[int, ...] | None = None) -> Service:
-  """The Service around `engine` (of kind a.engine; its worker not started yet). fence_ids:
-  code-fence ids (None: the tokenizer's when a.code_fences)."""
-  a = dataclasses.replace(a, **resolve_knobs(vars(a), {}))   # build() put the checkpoint's in
+def service_for(engine, cfg, tokenizer, a: ServeArgs, fence_ids: tuple[int, ...] | None = None,
+                recommended: dict | None = None) -> Service:
+  """The Service around `engine` (of kind a.engine; a `ModeRouter` with a.verify_requests; its
+  worker not started yet). fence_ids: code-fence ids (None: the tokenizer's when a.code_fences).
+  recommended: the checkpoint's knobs for merged decoding (verified decoding has its own)."""
+  merged = resolve_knobs(vars(a), recommended or {})
+  verified = resolve_knobs(vars(a), verify.DEFAULT_KNOBS)
+  base = a.base or not isinstance(cfg, HamburgerConfig)
   limit = a.max_tokens or a.cache_length
   limits = Limits(max_tokens=limit, default_max_tokens=min(a.default_max_tokens, limit),
-                  default_temperature=a.temperature, default_confidence=a.confidence,
-                  default_min_token_prob=a.min_token_prob)
+                  default_temperature=a.temperature, default_confidence=merged["confidence"],
+                  default_min_token_prob=merged["min_token_prob"],
+                  verify_confidence=verified["confidence"],
+                  verify_min_token_prob=verified["min_token_prob"],
+                  modes=Modes(default=a.verify, both=a.verify_requests, base=base))
   llama = cfg.base if isinstance(cfg, HamburgerConfig) else cfg
-  slots = a.num_slots if a.engine == "continuous" else 1
+  slots = (a.num_slots if a.engine == "continuous" else 1) * (2 if a.verify_requests else 1)
   return Service(EngineWorker(engine, capacity=slots + a.max_queue),
                  a.model_id or default_model_id(a.ckpt), tokenizer=tokenizer,
                  vocab_size=llama.vocab_size, max_prompt_len=engine.max_prompt_len,
                  limits=limits, request_timeout=a.request_timeout, system=a.system,
                  engine_name=a.engine, chars_per_token=a.chars_per_token,
                  max_tokenize_chars=a.max_tokenize_chars,
-                 fence_ids=code_fence_ids(tokenizer, a.code_fences, a.base or not isinstance(
-                     cfg, HamburgerConfig)) if fence_ids is None else fence_ids)
+                 fence_ids=code_fence_ids(tokenizer, a.code_fences, base)
+                 if fence_ids is None else fence_ids)
 
 
 def warm_up(engine) -> None:
@@ -179,25 +193,46 @@ def warm_up(engine) -> None:
     engine.step()
 
 
+def mode_router(a: ServeArgs, d, make) -> engines.ModeRouter:
+  """Merged and verified engines (`make(params, verify=...)`, each warmed when a.warmup) over one
+  copy of the base weights: the verified engine's params are the merged engine's placed ones
+  with params["micro_decoder"] from the checkpoint's verification drafter (if it has one).
+  d: the `open_checkpoint` result, loaded without quantizing and without that drafter."""
+  if d.base_only:
+    raise UsageError("--verify_requests needs a HAMburger checkpoint: this one decodes with its "
+                     "base model alone (no drafts to verify).")
+  micro = load_verify_drafter(checkpoint_dir(a.ckpt), d.params)["micro_decoder"]
+  merged = make(quantize_lib.apply_mode(d.params, d.config, a.quantize), verify=False)
+  micro = quantize_lib.apply_mode({"micro_decoder": micro}, None, a.quantize)["micro_decoder"]
+  verified = make({**merged.params, "micro_decoder": micro}, verify=True)
+  if a.warmup:
+    for engine in (merged, verified):
+      warm_up(engine)
+  return engines.ModeRouter(merged, verified, default=a.verify)
+
+
 def build(a: ServeArgs) -> Service:
-  """Loads the checkpoint and tokenizer (`open_checkpoint`) and builds the engine and Service."""
+  """Loads the checkpoint and tokenizer (`open_checkpoint`) and builds the engine(s) and Service."""
   check_args(a)
+  both = a.verify_requests
   d = open_checkpoint(a.ckpt, base_config=a.base_config, tokenizer=a.tokenizer, base=a.base,
                       token_ids=a.token_ids, draft_vocab=a.draft_vocab,
-                      code_fences=a.code_fences, system=a.system, quantize=a.quantize,
-                      verify=a.verify)
-  engine = engines.make_engine(
-      a.engine, d.config, d.params, base=d.base_only, num_slots=a.num_slots,
+                      code_fences=a.code_fences, system=a.system,
+                      quantize=None if both else a.quantize, verify=a.verify and not both)
+  make = functools.partial(
+      engines.make_engine, a.engine, d.config, base=d.base_only, num_slots=a.num_slots,
       cache_length=a.cache_length, chunk_steps=a.chunk_steps,
       eos_ids=tuple(d.llama.eos_token_ids), micro_policy=a.micro_policy,
       min_prompt_bucket=a.min_prompt_bucket, compact_micro_steps=a.compact_micro_steps,
-      draft_vocab=d.draft_vocab, verify=a.verify,
-      mesh=make_decode_mesh(a.mesh) if a.mesh else None)
-  if a.warmup:
-    warm_up(engine)
-  return service_for(engine, d.config, d.tokenizer, dataclasses.replace(
-      a, system=d.system, **resolve_knobs(
-          vars(a), verify.DEFAULT_KNOBS if a.verify else d.knob_defaults)), d.fence_ids)
+      draft_vocab=d.draft_vocab, mesh=make_decode_mesh(a.mesh) if a.mesh else None)
+  if both:
+    engine = mode_router(a, d, make)
+  else:
+    engine = make(d.params, verify=a.verify)
+    if a.warmup:
+      warm_up(engine)
+  return service_for(engine, d.config, d.tokenizer, dataclasses.replace(a, system=d.system),
+                     d.fence_ids, d.knob_defaults)
 
 
 def serve(service: Service, a: ServeArgs) -> None:

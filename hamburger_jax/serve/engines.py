@@ -11,6 +11,8 @@ Both have the interface of `hamburger_jax.decode.batching.ContinuousBatcher` (an
 
 `SerialEngine` decodes the oldest waiting request alone with `Sampler.stream` (chunk_steps macro
 steps per `step()`): the one-at-a-time baseline that continuous batching is measured against.
+`ModeRouter` holds a merged-decoding engine and a verified-decoding one behind the same interface
+and sends each `ModeRequest` to the one its `verify` field names.
 """
 
 from __future__ import annotations
@@ -63,7 +65,8 @@ class SerialEngine:
                            min_prompt_bucket=min_prompt_bucket, draft_vocab=draft_vocab,
                            verify=verify, mesh=mesh)
     self.max_prompt_len = cache_length
-    self.scorer = prompt_scorer(self.sampler.engine.model, self.sampler.params, cache_length)
+    self.params = self.sampler.params        # as placed on the device (ContinuousBatcher's too)
+    self.scorer = prompt_scorer(self.sampler.engine.model, self.params, cache_length)
     self.chunk_steps = chunk_steps
     self._waiting: collections.OrderedDict[int, Request] = collections.OrderedDict()
     self._running: _Running | None = None
@@ -122,3 +125,68 @@ def make_engine(kind: str, cfg, params, **kwargs):
   if kind != "continuous":
     raise ValueError(f"Unknown engine {kind!r}: use one of {ENGINES}.")
   return ContinuousBatcher(cfg, params, **kwargs)
+
+
+@dataclasses.dataclass
+class ModeRequest(Request):
+  """A Request with its decoding mode: verify True = verified decoding, False = merged decoding,
+  None = the router's default."""
+  verify: bool | None = None
+
+
+class ModeRouter:
+  """Two engines (ContinuousBatcher interface) behind that interface: `merged` decodes the requests
+  whose `verify` is False, `verified` those whose `verify` is True (None or a plain Request:
+  `default`). Ids are the router's own, unique across both engines; `step()` steps one engine
+  with work, taking turns while both have work. Prompt scores (`scorer`) are the base model's in
+  either mode: the merged engine's."""
+
+  def __init__(self, merged, verified, default: bool = False):
+    self.engines = {False: merged, True: verified}
+    self.default = default
+    self.max_prompt_len = min(merged.max_prompt_len, verified.max_prompt_len)
+    self.eos_ids, self.scorer = merged.eos_ids, merged.scorer
+    self._ids: dict[int, tuple[bool, int]] = {}        # router id -> (mode, engine id)
+    self._back: dict[tuple[bool, int], int] = {}       # (mode, engine id) -> router id
+    self._next_id = 0
+    self._turn = default                               # the mode stepped first
+
+  def mode(self, request: Request) -> bool:
+    """True when `request` is decoded verified."""
+    verify = getattr(request, "verify", None)
+    return self.default if verify is None else bool(verify)
+
+  def submit(self, request: Request) -> int:
+    """Queues `request` on its mode's engine (its ValueError for a bad request); -> its id."""
+    mode = self.mode(request)
+    engine_id = self.engines[mode].submit(request)
+    rid, self._next_id = self._next_id, self._next_id + 1
+    self._ids[rid], self._back[(mode, engine_id)] = (mode, engine_id), rid
+    return rid
+
+  def cancel(self, request_id: int) -> None:
+    """Drops a waiting or running request on the engine that holds it."""
+    entry = self._ids.pop(request_id, None)
+    if entry is not None:
+      del self._back[entry]
+      self.engines[entry[0]].cancel(entry[1])
+
+  def has_work(self) -> bool:
+    return any(e.has_work() for e in self.engines.values())
+
+  def step(self) -> list[Event]:
+    """One step of the engine whose turn it is (of the other if that one has no work)."""
+    for mode in (self._turn, not self._turn):
+      if self.engines[mode].has_work():
+        self._turn = not mode
+        return [e for e in (self._event(mode, e) for e in self.engines[mode].step()) if e]
+    return []
+
+  def _event(self, mode: bool, event: Event) -> Event | None:
+    """`event` under the router's id (None for a request no longer known)."""
+    rid = self._back.get((mode, event.request_id))
+    if rid is None:
+      return None
+    if event.finished:
+      del self._ids[rid], self._back[(mode, event.request_id)]
+    return dataclasses.replace(event, request_id=rid)

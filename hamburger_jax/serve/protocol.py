@@ -9,7 +9,9 @@
 
 Extensions beside OpenAI's fields: `top_k` (0 = off), `confidence` (HAMburger's stop-head
 threshold in (0, 1]: a macro step's group goes on while 1 - p_stop >= it) and `min_token_prob`
-(in [0, 1]: a drafted token joins its group only if its probability is >= it; 0 = off).
+(in [0, 1]: a drafted token joins its group only if its probability is >= it; 0 = off) and
+`verify` (true: verified decoding, the base checks the drafts and the answer is the base's own;
+false: merged decoding; absent: the server's mode; `Modes` says which the server runs).
 
 Log-probs, not streamed: /v1/completions takes `echo` (the prompt before the completion) and
 `logprobs` N in 0..MAX_LOGPROBS (each token's log-prob and the N most likely tokens at each
@@ -28,6 +30,8 @@ import math
 import reprlib
 import secrets
 from typing import Any
+
+from hamburger_jax.decode.verify import DEFAULT_KNOBS as VERIFY_KNOBS
 
 MAX_STOP_STRINGS = 4
 MAX_LOGPROBS = 5                  # OpenAI's limit for /v1/completions
@@ -53,13 +57,46 @@ class ApiError(Exception):
 
 
 @dataclasses.dataclass(frozen=True)
+class Modes:
+  """The decoding modes a server runs, chosen per request by `verify`: merged decoding (False)
+  and verified decoding (True)."""
+  default: bool = False             # the mode of requests that give none (--verify)
+  both: bool = False                # both modes run (--verify_requests)
+  base: bool = False                # the base decodes alone (--base): nothing to verify
+
+  def default_name(self) -> str:
+    """The default mode's name: "base", "merged" or "verify"."""
+    return "base" if self.base else "verify" if self.default else "merged"
+
+  def names(self) -> list[str]:
+    """The modes served, as /health lists them."""
+    return ["merged", "verify"] if self.both else [self.default_name()]
+
+  def resolve(self, verify: bool | None) -> bool:
+    """The mode of a request (`verify` None: the default); ApiError 400 when not run here."""
+    if verify is None or self.both or verify == self.default:
+      return self.default if verify is None else verify
+    if self.base:
+      raise ApiError(400, "'verify': true checks HAMburger's drafts, and this server decodes with "
+                          "the base model alone (--base): drop 'verify' or start the server "
+                          "without --base.", "verify")
+    running = "verified decoding only" if self.default else "merged decoding only"
+    raise ApiError(400, f"'verify': {str(verify).lower()} asks for a mode this server does not "
+                        f"run ({running}): start the server with --verify_requests to serve "
+                        "both, or drop 'verify'.", "verify")
+
+
+@dataclasses.dataclass(frozen=True)
 class Limits:
   """Server-side bounds of a request."""
   max_tokens: int                   # largest max_tokens accepted
   default_max_tokens: int           # used when a request gives none
   default_temperature: float = 1.0  # OpenAI's default
-  default_confidence: float = 0.8
+  default_confidence: float = 0.8   # merged decoding's knobs when a request gives none
   default_min_token_prob: float = 0.0
+  verify_confidence: float = VERIFY_KNOBS["confidence"]     # verified decoding's
+  verify_min_token_prob: float = VERIFY_KNOBS["min_token_prob"]
+  modes: Modes = Modes()
 
 
 @dataclasses.dataclass
@@ -77,6 +114,7 @@ class Settings:
   include_usage: bool
   echo: bool = False                # /v1/completions: the prompt before the completion
   logprobs: int | None = None       # most likely tokens listed per position (None: no log-probs)
+  verify: bool = False              # verified decoding (False: merged, or the base alone)
 
 
 _BRIEF = reprlib.Repr()
@@ -238,6 +276,12 @@ def parse_settings(body: dict, limits: Limits, chat: bool = True) -> Settings:
   seed = body.get("seed")
   stream = _flag(body, "stream")
   echo, logprobs = _log_probs(body, chat, max_tokens, stream)
+  verify = body.get("verify")
+  if verify is not None and not isinstance(verify, bool):
+    raise ApiError(400, f"'verify' must be true or false, got {brief(verify)}.", "verify")
+  verify = limits.modes.resolve(verify)
+  confidence, min_token_prob = ((limits.verify_confidence, limits.verify_min_token_prob) if verify
+                                else (limits.default_confidence, limits.default_min_token_prob))
   return Settings(
       max_tokens=max_tokens,
       temperature=_number(body, "temperature", limits.default_temperature, 0.0, 2.0),
@@ -245,10 +289,10 @@ def parse_settings(body: dict, limits: Limits, chat: bool = True) -> Settings:
       top_k=_number(body, "top_k", 0, 0, 2**31 - 1, integer=True),
       seed=(secrets.randbelow(SEED_LIMIT) if seed is None
             else _number(body, "seed", 0, 0, SEED_LIMIT - 1, integer=True)),
-      confidence=_number(body, "confidence", limits.default_confidence, 0.0, 1.0, lo_open=True),
-      min_token_prob=_number(body, "min_token_prob", limits.default_min_token_prob, 0.0, 1.0),
+      confidence=_number(body, "confidence", confidence, 0.0, 1.0, lo_open=True),
+      min_token_prob=_number(body, "min_token_prob", min_token_prob, 0.0, 1.0),
       stop=_stop_strings(body), stream=stream,
-      include_usage=_flag(options, "include_usage"), echo=echo, logprobs=logprobs)
+      include_usage=_flag(options, "include_usage"), echo=echo, logprobs=logprobs, verify=verify)
 
 
 def _content_text(content: Any, index: int) -> str:

@@ -3,7 +3,7 @@
     fmt = Formatter(chat=True, model="hamburger-smollm2")
     fmt.full([fmt.choice(text, token_ids, "stop")], usage)     # a chat.completion object
     sse(fmt.chunk("Hel", [17], None, first=True))  # b'data: {...chat.completion.chunk...}\\n\\n'
-    usage(prompt_tokens, tokens, macro_steps)      # OpenAI usage + HAMburger's statistics
+    usage(prompt_tokens, tokens, macro_steps, verified)   # OpenAI usage + HAMburger's statistics
 
 Each choice also carries `token_ids` (the generated ids of that response or chunk): an extension
 that clients which do not know it ignore.
@@ -24,15 +24,20 @@ def sse(obj: dict) -> bytes:
   return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
-def usage(prompt_tokens: int, tokens: int, macro_steps: int) -> dict:
+def usage(prompt_tokens: int, tokens: int, macro_steps: int, verified: bool = False) -> dict:
   """OpenAI usage plus HAMburger's statistics. kv_entries: KV slots the request filled (its
-  prompt, then one per macro step but the last); kv_entries_base: the same for one token a step."""
+  prompt, then one per macro step but the last); kv_entries_base: the same for one token a step.
+  verified: verified decoding served it (macro_steps are then the base's forwards, and every
+  token fills its own slot, as the base's); adds "mode": "verify" and tokens_per_forward."""
+  base = prompt_tokens + max(tokens - 1, 0)
+  ham = {"macro_steps": macro_steps,
+         "tokens_per_macro_step": round(tokens / max(macro_steps, 1), 4),
+         "kv_entries": base if verified else prompt_tokens + max(macro_steps - 1, 0),
+         "kv_entries_base": base}
+  if verified:
+    ham.update(mode="verify", tokens_per_forward=ham["tokens_per_macro_step"])
   return {"prompt_tokens": prompt_tokens, "completion_tokens": tokens,
-          "total_tokens": prompt_tokens + tokens,
-          "hamburger": {"macro_steps": macro_steps,
-                        "tokens_per_macro_step": round(tokens / max(macro_steps, 1), 4),
-                        "kv_entries": prompt_tokens + max(macro_steps - 1, 0),
-                        "kv_entries_base": prompt_tokens + max(tokens - 1, 0)}}
+          "total_tokens": prompt_tokens + tokens, "hamburger": ham}
 
 
 def merged_usage(usages: Sequence[dict]) -> dict:
@@ -42,6 +47,8 @@ def merged_usage(usages: Sequence[dict]) -> dict:
   ham = {k: sum(u["hamburger"][k] for u in usages)
          for k in ("macro_steps", "kv_entries", "kv_entries_base")}
   ham["tokens_per_macro_step"] = round(total["completion_tokens"] / max(ham["macro_steps"], 1), 4)
+  if "mode" in usages[0]["hamburger"]:       # one mode serves all prompts of a request
+    ham.update(mode=usages[0]["hamburger"]["mode"], tokens_per_forward=ham["tokens_per_macro_step"])
   return dict(total, hamburger=ham)
 
 

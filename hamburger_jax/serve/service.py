@@ -27,8 +27,8 @@ import itertools
 import time
 from typing import AsyncIterator, Sequence
 
-from hamburger_jax.decode.batching import Request
 from hamburger_jax.serve import protocol, responses
+from hamburger_jax.serve.engines import ModeRequest
 from hamburger_jax.serve.protocol import ApiError, Limits, Settings
 from hamburger_jax.serve.responses import usage
 from hamburger_jax.serve.text import TextOutput
@@ -157,12 +157,12 @@ class Service:
     if self.draining:
       raise ApiError(503, "The server is shutting down.", kind="server_error",
                      code="shutting_down")
-    request = Request(
+    request = ModeRequest(
         prompt_ids=prompt_ids, max_new_tokens=settings.max_tokens,
         confidence=settings.confidence, min_token_prob=settings.min_token_prob,
         temperature=settings.temperature, top_k=settings.top_k,
         top_p=settings.top_p, seed=settings.seed, stop_ids=self.chat_stop_ids if chat else (),
-        fence_ids=self.fence_ids)
+        fence_ids=self.fence_ids, verify=settings.verify)
     try:
       ticket = self.worker.submit(request, asyncio.get_running_loop())
     except QueueFull as e:
@@ -338,7 +338,8 @@ class Service:
 
   def health(self) -> dict:
     return {"status": "draining" if self.draining else "ok", "model": self.model_id,
-            "engine": self.engine_name, "pending": self.worker.pending,
+            "engine": self.engine_name, "modes": self.limits.modes.names(),
+            "default_mode": self.limits.modes.default_name(), "pending": self.worker.pending,
             "capacity": self.worker.capacity, **self.worker.stats}
 
 
@@ -382,7 +383,8 @@ class Run:
           continue
         reason = "stop" if stopped else FINISH.get(item.finish_reason, "stop")
         yield Piece(text, list(item.new_tokens), reason,
-                    usage(self.prompt_tokens, item.tokens, item.macro_steps),
+                    usage(self.prompt_tokens, item.tokens, item.macro_steps,
+                          self.settings.verify),
                     list(item.logprobs))
     finally:
       self.cancel()                             # timeout, drain, stop string, error
