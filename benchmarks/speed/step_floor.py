@@ -5,6 +5,10 @@ On one GPU (H100 or H200, JAX with CUDA; about 4 minutes in all, no network):
     python -m benchmarks.decode_speed --engine floor --preset llama3.2-1b --out $OUT/floor.json
     python -m benchmarks.speed.step_floor --preset llama3.2-1b --out $OUT/floor.json   # the same
 
+(a machine without this project's other requirements takes them from the wheels that
+`python -m hamburger_jax.recipes.smollm2 accelerate --pack` stages: after that recipe's `--stage`
+run, prefix `PYTHONPATH=/tmp/hamburger_stage/site:.`).
+
 Dry run on a CPU (the bandwidth must then be given; 2 minutes on a shared 2-core Xeon):
 
     python -m benchmarks.speed.step_floor --preset small --batch_sizes 1,2 --bandwidth_tbs 0.02
