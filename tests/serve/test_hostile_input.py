@@ -186,9 +186,13 @@ def test_health_answers_while_big_requests_are_parsed_and_tokenized(server):
   def work():
     return [_post(server, "/tokenize", {"prompt": text}).status_code,
             _post(server, "/v1/chat/completions", messages).status_code]
+  start = time.monotonic()
   statuses, latencies = _health_latencies(server, work)
+  seconds = time.monotonic() - start
   assert statuses == [200, 400]
-  assert max(latencies) < 0.5, latencies
+  # A loop blocked by the parse or the tokenization would hold one poll for most of the work;
+  # a machine busy with other work may delay a poll by a second without anything blocking.
+  assert max(latencies) < max(0.5, 0.25 * seconds), (seconds, latencies)
 
 
 def _connect(server) -> socket.socket:
