@@ -100,6 +100,10 @@ def main(argv=None) -> None:
   if any(max(r) > min(heldout_lines) and min(r) < max(heldout_lines) for r in ranges):
     raise SystemExit("--lines / --calibrate_lines overlap --heldout_lines: held-out answers must "
                      "not be trained.")
+  resume_from = os.path.join(a.workdir, "verify_drafter.safetensors")
+  if a.resume and not a.features_only and not os.path.isfile(resume_from):
+    raise SystemExit(f"--resume: there is no {resume_from} to start from; train once without "
+                     "--resume (it starts from the shipped micro decoder).")
 
   from hamburger_jax.decode import draft_vocab as draft_vocab_lib
   from hamburger_jax.decode.checkpoint import load_verify_drafter

@@ -129,3 +129,10 @@ def test_the_recipe_refuses_training_on_held_out_answers():
   with pytest.raises(SystemExit, match="held-out"):
     verify_drafter.main(["--workdir", "/nonexistent", "--lines", "0:100",
                          "--calibrate_lines", "9800:9900", "--heldout_lines", "9750:10000"])
+
+
+def test_resume_without_a_trained_drafter_is_refused_before_any_work(tmp_path):
+  from hamburger_jax.recipes import verify_drafter
+  with pytest.raises(SystemExit, match="train once without --resume"):
+    verify_drafter.main(["--workdir", str(tmp_path), "--resume", "--lines", "0:100"])
+  assert not (tmp_path / "features").exists()
