@@ -4,6 +4,8 @@
     features, cache = model.forward(params, groups [B, T, S], lengths [B, T], positions [B, T],
                                     cache, slots [B])             # features [B, T, F, D]
     (forward(.., skip_unmerged=True): no merge work when no input is merged)
+    features, entries = model.forward_unmerged(params, tokens [B, T], positions, cache, slots)
+    cache = write_entries(cache, entries, slots)  # plain tokens (verified decoding; HAMburger)
     logits, stop = model.heads(params, hidden [B, D])             # [B, V], [B] float32
     logits, stop, rest = model.draft_heads(params, hidden [B, D])  # [B, K] over the draft ids
     stop = model.stop_logits(params, hidden [B, D])               # [B] (HAMburger only)
@@ -26,7 +28,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from hamburger_jax.decode import draft_vocab as draft_vocab_lib
+from hamburger_jax.model.attention import write_cache
 from hamburger_jax.model.config import HamburgerConfig, LlamaConfig
+from hamburger_jax.model.execution import Execution
 from hamburger_jax.model.hamburger import HamburgerModel
 from hamburger_jax.model.layers import attend_rows
 from hamburger_jax.model.llama import LlamaModel
@@ -51,15 +55,24 @@ class HamburgerDecodeModel:
   def max_steps(self) -> int:
     return self.cfg.max_steps
 
-  def _apply(self, params, *args, method, **kwargs):
+  def _apply(self, params, *args, method, execution=Execution(), **kwargs):
     params = {k: v for k, v in params.items() if k != "draft"}
-    return HamburgerModel(self.cfg).apply({"params": params}, *args, method=method, **kwargs)
+    return HamburgerModel(self.cfg, execution).apply({"params": params}, *args, method=method,
+                                                     **kwargs)
 
   def forward(self, params, group_tokens, group_len, positions, cache, slots,
               skip_unmerged: bool = False):
     out = self._apply(params, group_tokens, group_len, positions, cache=cache, cache_slots=slots,
                       skip_unmerged=skip_unmerged,
                       method=HamburgerModel.base_forward)
+    return out.features, out.cache
+
+  def forward_unmerged(self, params, tokens, positions, cache, slots):
+    """tokens [B, T], one slot and position each -> (features [B, T, F, D], the new KV entries
+    per layer {"k", "v"} [B, T, K * H]); the cache is read, not written (`write_entries`)."""
+    out = self._apply(params, tokens, positions, cache, slots,
+                      method=HamburgerModel.unmerged_forward,
+                      execution=Execution(cache_write="returned"))
     return out.features, out.cache
 
   def heads(self, params, hidden):
@@ -124,6 +137,13 @@ class BaseDecodeModel:
 
 
 DecodeModel = HamburgerDecodeModel | BaseDecodeModel
+
+
+def write_entries(cache, entries, slots):
+  """Writes forward_unmerged's new entries (per layer {"k", "v"} [B, T, K * H]) into the cache
+  at per-row slots [B] (out-of-range slots drop) -> the cache."""
+  return [{name: write_cache(layer[name], new[name], slots) for name in ("k", "v")}
+          for layer, new in zip(cache, entries)]
 
 
 def decode_model(cfg, params, base: bool = False, draft_vocab=None,

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 
 from hamburger_jax.decode import micro
 from hamburger_jax.decode import state as ds
+from hamburger_jax.decode.models import write_entries
 from hamburger_jax.decode.sampling import filter_logits
 
 # Knobs of verified decoding when none are given: draft up to S - 1 tokens every step (the
@@ -179,19 +180,41 @@ def forward_widths(max_steps: int) -> tuple[int, ...]:
                       | {max_steps}))
 
 
-def _forward_width(engine, params, width: int, st: ds.DecodeState, pending, active):
-  """The base forward of pending[:, :width], one slot and position each -> (features
-  [B, S, F, D], logits [B, S, V] f32, cache), zero-padded from `width` to S."""
+def _check_width(engine, params, width: int, st: ds.DecodeState, pending, num_drafts, active,
+                 keys):
+  """The base forward of pending[:, :width] (one slot and position each) and the acceptance of
+  its drafts, all at this static width, so that nothing vocabulary-sized runs on padding ->
+  (features at the last accepted input [B, F, D], the new KV entries zero-padded to S inputs
+  (`models.write_entries`; the cache is only read here: XLA would copy every buffer a switch
+  branch updates), accepted [B], next token [B], accepted flags [B, S-1], committed tokens
+  [B, S] and their log-probs and logits [B, S] f32)."""
   model, s = engine.model, engine.max_steps
   b = pending.shape[0]
-  groups = jnp.zeros((b, width, s), jnp.int32).at[..., 0].set(pending[:, :width])
+  pending = pending[:, :width]
   positions = st.position[:, None] + jnp.arange(width, dtype=jnp.int32)[None, :]
-  features, cache = model.forward(params, groups, jnp.ones((b, width), jnp.int32), positions,
-                                  st.cache, jnp.where(active, st.slot, 0), True)
+  features, entries = model.forward_unmerged(params, pending, positions, st.cache,
+                                             jnp.where(active, st.slot, 0))
   logits = model.heads(params, features[:, :, -1].reshape(b * width, -1))[0]
   logits = logits.reshape(b, width, -1).astype(jnp.float32)
+  sampling = st.knobs.sampling
+
+  def greedy():
+    return accept_greedy(logits, pending, num_drafts)
+
+  def sampled():
+    p = _per_position(processed_probs, logits, sampling)
+    q = draft_probs(model, params, st.draft_hidden[:, :width], sampling)
+    return accept_sampled(p, q, pending, num_drafts, keys)
+
+  accepted, nxt, flags = jax.lax.cond(jnp.all(sampling.temperature <= 0.0), greedy, sampled)
+  tokens = _committed(pending, accepted, nxt)
+  logp = jax.nn.log_softmax(logits, axis=-1)
+  tok_logprob = jnp.take_along_axis(logp, tokens[..., None], axis=2)[..., 0]
+  tok_logit = jnp.take_along_axis(logits, tokens[..., None], axis=2)[..., 0]
   pad = lambda x: jnp.pad(x, [(0, 0), (0, s - width)] + [(0, 0)] * (x.ndim - 2))
-  return pad(features), pad(logits), cache
+  feats = features[jnp.arange(b), accepted]
+  return (feats, jax.tree_util.tree_map(pad, entries), accepted, nxt, pad(flags), pad(tokens),
+          pad(tok_logprob), pad(tok_logit))
 
 
 def _committed(pending, accepted, nxt):
@@ -222,37 +245,22 @@ def _cut(tokens, length, knobs: ds.DecodeKnobs, budget):
 
 def verify_step(engine, params, st: ds.DecodeState) -> ds.DecodeState:
   """Feed [x, drafts], accept, commit, draft again, update per-row bookkeeping."""
-  model, s = engine.model, engine.max_steps
+  s = engine.max_steps
   b = st.group_tokens.shape[0]
   active = ~st.done
   pending, num_drafts = st.group_tokens, jnp.where(active, st.group_len - 1, 0)
   widths = forward_widths(s)
   width = jnp.sum(jnp.asarray(widths) < 1 + jnp.max(num_drafts))   # the smallest that holds all
-  branches = [functools.partial(_forward_width, engine, params, w) for w in widths]
-  features, logits, cache = jax.lax.switch(width, branches, st, pending, active)
   keys = jax.vmap(jax.random.fold_in)(st.rng, st.macro_steps)
-  sampling = st.knobs.sampling
-
-  def greedy():
-    return accept_greedy(logits, pending, num_drafts)
-
-  def sampled():
-    p = _per_position(processed_probs, logits, sampling)
-    q = draft_probs(model, params, st.draft_hidden, sampling)
-    return accept_sampled(p, q, pending, num_drafts, keys)
-
-  accepted, nxt, flags = jax.lax.cond(jnp.all(sampling.temperature <= 0.0), greedy, sampled)
-  tokens = _committed(pending, accepted, nxt)
+  branches = [functools.partial(_check_width, engine, params, w) for w in widths]
+  feats, entries, accepted, nxt, flags, tokens, tok_logprob, tok_logit = jax.lax.switch(
+      width, branches, st, pending, num_drafts, active, keys)
+  cache = write_entries(st.cache, entries, jnp.where(active, st.slot, 0))
   budget = st.knobs.max_new_tokens - st.num_out
   length, hit_eos, hit_stop = _cut(tokens, accepted + 1, st.knobs, budget)
   length = jnp.where(active, length, 0)
-  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-  tok_logprob = jnp.take_along_axis(logp, tokens[..., None], axis=2)[..., 0]
-  tok_logit = jnp.take_along_axis(logits, tokens[..., None], axis=2)[..., 0].astype(jnp.float32)
 
   num_out = st.num_out + length
-  rows = jnp.arange(b)
-  feats = features[rows, accepted]                                         # [B, F, D]
   draft_st = st.replace(num_out=num_out)
   next_tokens, next_len, hidden = draft_after(engine, params, feats, nxt, draft_st, keys,
                                               active & ~hit_eos & ~hit_stop)

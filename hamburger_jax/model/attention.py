@@ -58,7 +58,8 @@ class Attention(nn.Module):
     execution's attention implementation. With a cache, the new keys and values are written at
     `cache_slots` [B] and each query sees the buffer's slots up to its own (`cached_attention`:
     only the key blocks up to the highest such slot are read).
-    Returns (out [B, T, D], new cache).
+    Returns (out [B, T, D], new cache), or with the execution's cache_write "returned" (out,
+    the new entries {"k", "v"} [B, T, K * H]) and the buffers untouched.
     """
     c, ex = self.cfg, self.execution
     b, t, _ = x.shape
@@ -73,7 +74,12 @@ class Attention(nn.Module):
     inv_freq = rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling)
     q = apply_rope(q, positions, inv_freq)
     k = apply_rope(k, positions, inv_freq)
-    if cache is not None:
+    if cache is not None and ex.cache_write == "returned":
+      new = {name: x.reshape(b, t, -1).astype(cache[name].dtype)
+             for name, x in (("k", k), ("v", v))}
+      out = cached_attention(q, cache["k"], cache["v"], cache_slots, new_kv=(new["k"], new["v"]))
+      cache = new
+    elif cache is not None:
       cache = {"k": write_cache(cache["k"], k, cache_slots),
                "v": write_cache(cache["v"], v, cache_slots)}
       out = cached_attention(q, cache["k"], cache["v"], cache_slots)

@@ -21,6 +21,13 @@ remat (each base and micro-decoder layer, `jax.checkpoint` policies):
                (`dots_with_no_batch_dims_saveable`, MaxText's "minimal").
   save_inputs  keep the layer input and the normalised inputs of its attention and MLP
                (named `sublayer_input`); recompute everything else.
+cache_write (cached forwards):
+  in_place   each layer writes its new keys and values into the KV buffers and attends over them.
+  returned   the buffers stay as they are: attention overlays the new entries on the key blocks
+             it reads (the same numbers as in_place) and each layer returns its new entries
+             {"k", "v"} [B, T, K * H] instead of a buffer, for the caller to write. A forward
+             inside a lax.cond / lax.switch branch needs it: XLA copies every buffer a branch
+             updates in place, twice per step (verified decoding's width branches).
 scan_layers: run the base layers as `lax.scan`s over stacked copies of their parameters (runs of
   equal length between feature taps: one scan of scans, ONE compiled layer body) and the micro
   decoder's teacher-forced layers as one scan: compile time flat in depth. The parameter layout
@@ -34,6 +41,7 @@ import dataclasses
 import jax
 
 ATTENTION_KINDS = ("auto", "xla", "blockwise", "splash", "cudnn")
+CACHE_WRITES = ("in_place", "returned")
 REMAT_POLICIES = ("none", "full", "save_dots", "save_inputs")
 SUBLAYER_INPUT = "sublayer_input"   # checkpoint name of a layer's normalised sublayer inputs
 
@@ -44,12 +52,15 @@ class Execution:
   remat: str = "none"
   scan_layers: bool = False
   attention_block: int = 512     # blockwise: keys per block
+  cache_write: str = "in_place"
 
   def __post_init__(self):
     if self.attention not in ATTENTION_KINDS:
       raise ValueError(f"attention {self.attention!r} is unknown: use one of {ATTENTION_KINDS}.")
     if self.remat not in REMAT_POLICIES:
       raise ValueError(f"remat policy {self.remat!r} is unknown: use one of {REMAT_POLICIES}.")
+    if self.cache_write not in CACHE_WRITES:
+      raise ValueError(f"cache_write {self.cache_write!r} is unknown: use one of {CACHE_WRITES}.")
     if self.attention_block < 1:
       raise ValueError(f"attention_block must be >= 1, got {self.attention_block}.")
 

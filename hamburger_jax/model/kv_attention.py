@@ -33,8 +33,18 @@ def _block_update(carry, qg, kj, vj, visible):
   return m_new, l * corr + jnp.sum(p, axis=-1), acc * corr[..., None] + pv
 
 
-def cached_attention(q, k, v, cache_slots, block: int = KV_BLOCK):
-  """-> [B, T, N, H]; see the module docstring."""
+def _overlay(block_kv, idx, new, cache_slots):
+  """block_kv [B, blk, K*H] read from a buffer at slots idx [blk], with row b's new entries new
+  [B, T, K*H] placed at slots cache_slots[b] .. + T - 1 (what an in-place write would hold)."""
+  offset = idx[None, :] - cache_slots[:, None]                                      # [B, blk]
+  inside = (offset >= 0) & (offset < new.shape[1])
+  picked = jnp.take_along_axis(new, jnp.clip(offset, 0, new.shape[1] - 1)[..., None], axis=1)
+  return jnp.where(inside[..., None], picked, block_kv)
+
+
+def cached_attention(q, k, v, cache_slots, block: int = KV_BLOCK, new_kv=None):
+  """-> [B, T, N, H]; see the module docstring. new_kv: (k, v) [B, T, K * H] in the buffers'
+  dtype, entries not in the buffers yet, read as if written at cache_slots (same numbers)."""
   b, t, n, h = q.shape
   length, kv_heads = k.shape[1], k.shape[2] // h
   block = min(block, length)
@@ -47,8 +57,10 @@ def cached_attention(q, k, v, cache_slots, block: int = KV_BLOCK):
     start = jnp.minimum(j * block, length - block)
     idx = start + jnp.arange(block, dtype=jnp.int32)
     visible = (idx[None, None, :] <= query_slot[:, :, None]) & (idx >= j * block)[None, None, :]
-    kj, vj = (jax.lax.dynamic_slice_in_dim(x, start, block, axis=1)
-              .reshape(b, block, kv_heads, h).astype(q.dtype) for x in (k, v))
+    kj, vj = (jax.lax.dynamic_slice_in_dim(x, start, block, axis=1) for x in (k, v))
+    if new_kv is not None:
+      kj, vj = (_overlay(x, idx, new, cache_slots) for x, new in zip((kj, vj), new_kv))
+    kj, vj = (x.reshape(b, block, kv_heads, h).astype(q.dtype) for x in (kj, vj))
     return _block_update(carry, qg, kj, vj, visible)
 
   stats = qg.shape[:4]

@@ -225,3 +225,23 @@ def test_verified_sampling_reproduces_the_base_distribution():
   merged = Sampler(cfg, params, cache_length=16, out_length=4)
   assert p_value(verified) > 1e-3
   assert p_value(merged, max_group=2) < 1e-6
+
+
+def test_the_verified_loop_never_copies_a_kv_buffer():
+  """The width branches only read the KV buffers and the step writes the new entries after the
+  switch: XLA copies any buffer a switch branch updates in place (every buffer, twice a step)."""
+  import re
+  _, verified = _samplers()
+  verified.decode(PROMPTS[:2], max_new_tokens=4, confidence=0.5)
+  loops = [exe for (name, _), exe in verified.executables._compiled.items() if name == "loop"]
+  assert loops
+  cfg = verified.engine.model.llama
+  width = cfg.num_kv_heads * cfg.head_dim
+  for exe in loops:
+    text = exe.as_text()
+    shape = rf"f32\[\d+,(\d+),{width}\]"
+    buffers = [n for n in re.findall(shape, text) if int(n) >= verified.engine.cache_length]
+    copies = [n for n in re.findall(rf"= {shape}\{{2,1,0\}} copy\(", text)
+              if int(n) >= verified.engine.cache_length]
+    assert buffers, "the pattern must see the KV buffers"
+    assert not copies, f"{len(copies)} copies of a KV buffer in the loop"

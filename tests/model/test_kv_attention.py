@@ -65,3 +65,19 @@ def test_one_compile_for_every_fill_level():
     np.testing.assert_allclose(jitted(q, k, v, slots), _reference(q, k, v, slots), rtol=2e-5,
                                atol=2e-6)
   assert len(traces) == 1
+
+
+def test_new_entries_overlaid_are_bit_identical_to_entries_written():
+  """cache_write "returned": the buffer is only read and the new entries are overlaid on the key
+  blocks; the numbers are those of writing them first (row 2 writes past the end: dropped)."""
+  from hamburger_jax.model.attention import write_cache
+  t = 4
+  q, k, v = _inputs(t, seed=2)
+  _, k_new, v_new = _inputs(t, seed=3)
+  k_new, v_new = k_new[:, :t], v_new[:, :t]
+  slots = jnp.asarray([0, 14, 35], jnp.int32)
+  written = cached_attention(q, write_cache(_flat(k), k_new, slots),
+                             write_cache(_flat(v), v_new, slots), slots, block=8)
+  overlaid = cached_attention(q, _flat(k), _flat(v), slots, block=8,
+                              new_kv=(_flat(k_new), _flat(v_new)))
+  np.testing.assert_array_equal(np.asarray(overlaid), np.asarray(written))
