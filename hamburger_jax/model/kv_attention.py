@@ -1,6 +1,7 @@
 """Attention of new queries over a fixed-shape KV buffer, visiting only the key blocks in use.
 
     out = cached_attention(q [B, T, N, H], k [B, L, K * H], v [B, L, K * H], cache_slots [B])
+    out = cached_attention(.., new_kv=(k_new, v_new))   # [B, T, K * H] each, not yet written
 
 The buffers keep the heads flat (K * H on the minor axis): on TPUs an H = 64 minor axis is
 padded to 128 lanes and the loop would copy the whole buffer into another layout; blocks are
