@@ -20,8 +20,9 @@ The measurements, picked by flags:
       whose stop head always continues: the decode-speed ceiling, batch 1
       (benchmarks/speed/micro_layers.py). JSON to docs/results/data/step_costs/micro_layers.json.
   --engine verify             verified decoding of the shipped model against its base on held-out
-      mixed and code prompts, per batch size and drafting confidence: same answers, tokens per
-      forward, acceptance per draft, tokens/s (benchmarks/speed/verified.py). JSON to
+      mixed and code prompts, per batch size and drafting confidence, static batches and/or
+      continuous batching (--verify_batching): same answers, tokens per forward, acceptance per
+      draft, tokens/s (benchmarks/speed/verified.py). JSON to
       docs/results/data/quality/verify_speed.json.
   --engine batch,continuous   the shipped HAMburger-SmolLM2 on held-out prompts, static batches
       (`batch`, spelt `static` in the JSON) and/or continuous batching, per micro-step policy,
@@ -53,7 +54,7 @@ GROUPS = {            # flags that apply to one measurement only (dest: default)
                 "length_spread": 0.0, "draft_vocabs": "shipped", "compare_compact": 0,
                 "code_fences": 1},
     "verify": {"prompt_sets": "both,code", "draft_confidences": "0.001,0.3,0.5",
-               "verify_prompts": 24},
+               "verify_prompts": 24, "verify_batching": "static"},
 }
 DEFAULTS = {"sampler": dict(batch_sizes="1,8", out=("step_costs", "decode_speed.json")),
             "micro_layers": dict(max_new_tokens=128, out=("step_costs", "micro_layers.json")),
@@ -111,6 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
   v.add_argument("--prompt_sets", help="held-out prompt sets, comma-separated (both, code, ..)")
   v.add_argument("--draft_confidences", help="drafting confidences, comma-separated")
   v.add_argument("--verify_prompts", type=int, help="prompts per set")
+  v.add_argument("--verify_batching", choices=("static", "continuous", "static,continuous"),
+                 help="static batches of b prompts and/or continuous batching over b slots")
   p.set_defaults(**GROUPS["sampler"], **GROUPS["batched"], **GROUPS["verify"])
   return p
 

@@ -7,12 +7,21 @@ min_token_prob 0). Reported per prompt set, batch size and confidence: whether e
 the base's token for token, tokens per base forward, the acceptance of drafts 1..3 (given that
 the drafts before were accepted), and decode tokens/s against the base (the loop alone, compile
 excluded by a warm-up batch; the median of --repeats runs, settings in rotation).
+
+--verify_batching continuous: the same with continuous batching (`ContinuousBatcher`, b slots, all
+the set's prompts submitted at once, a freed slot refilled at once, as a server runs): tokens/s end
+to end (admissions included, for the base and verified decoding alike) and tokens per forward;
+acceptance per draft is reported by the static rows only. Static batches of b rows decode until
+their slowest row is done, so a row that drew fewer accepted drafts holds the batch.
 """
 
 from __future__ import annotations
 
 import statistics
 
+import time
+
+from hamburger_jax.decode.batching import ContinuousBatcher, Request
 from hamburger_jax.decode.checkpoint import open_checkpoint
 from hamburger_jax.decode.sampler import Sampler
 from hamburger_jax.recipes.heldout import heldout_prompts
@@ -36,11 +45,12 @@ def _run(sampler, prompts, b, max_new_tokens, **knobs):
   return answers, forwards, seconds, counts
 
 
-def _row(prompt_set, b, confidence, base, answers, forwards, seconds, counts, base_seconds):
+def _row(prompt_set, b, confidence, base, answers, forwards, seconds, counts, base_seconds,
+         batching="static"):
   tokens = sum(len(a) for a in answers)
-  reached, accepted = counts
+  reached, accepted = counts or ([None] * 3, [None] * 3)
   return {
-      "prompt_set": prompt_set, "batch": b, "confidence": confidence,
+      "prompt_set": prompt_set, "batching": batching, "batch": b, "confidence": confidence,
       "same_as_base": answers == base, "tokens": tokens,
       "tokens_per_forward": tokens / max(sum(forwards), 1),
       "acceptance": [a / r if r else None for r, a in zip(reached, accepted)],
@@ -52,46 +62,90 @@ def _row(prompt_set, b, confidence, base, answers, forwards, seconds, counts, ba
 
 
 def measure(args) -> dict:
-  """The rows of every (prompt set, batch size, confidence)."""
+  """The rows of every (prompt set, batching, batch size, confidence)."""
   d = open_checkpoint("smollm2", verify=True)   # with its verification micro decoder, if any
   rows = []
   for prompt_set in args.prompt_sets.split(","):
     items = heldout_prompts(args.verify_prompts, prompt_set)
     prompts = [d.tokenizer.encode(x["prompt"], chat=True, system=d.system) for x in items]
     cache_length = -(-(max(len(p) for p in prompts) + args.max_new_tokens) // 64) * 64
-    base = Sampler(d.config, d.params, base=True, cache_length=cache_length,
-                   out_length=args.max_new_tokens, eos_ids=d.eos_ids)
-    verify = Sampler(d.config, d.params, cache_length=cache_length,
-                     out_length=args.max_new_tokens, eos_ids=d.eos_ids,
-                     draft_vocab=d.draft_vocab, verify=True)
-    confidences = [float(c) for c in args.draft_confidences.split(",")]
-    for b in args.batch_sizes:
-      settings = [("base", base, {})] + [
-          (c, verify, dict(confidence=c, min_token_prob=0.0)) for c in confidences]
-      for _, sampler, knobs in settings:                      # compile, then time
-        sampler.decode(prompts[:b], max_new_tokens=args.max_new_tokens, **knobs)
-      runs = {name: [] for name, _, _ in settings}
-      for _ in range(args.repeats):
-        for name, sampler, knobs in settings:
-          runs[name].append(_run(sampler, prompts, b, args.max_new_tokens, **knobs))
-      median = lambda name: statistics.median(r[2] for r in runs[name])
-      base_answers = runs["base"][0][0]
-      for c in confidences:
-        answers, forwards, _, counts = runs[c][0]
-        row = _row(prompt_set, b, c, base_answers, answers, forwards, median(c), counts,
-                   median("base"))
+    for batching in args.verify_batching.split(","):
+      measure_one = {"static": _static_rows, "continuous": _continuous_rows}[batching]
+      for row in measure_one(args, d, prompts, cache_length, prompt_set):
         rows.append(row)
         print(format_table({"rows": [row]}).splitlines()[-1], flush=True)
   return {"max_new_tokens": args.max_new_tokens, "prompts": args.verify_prompts, "rows": rows}
+
+
+def _confidences(args) -> list[float]:
+  return [float(c) for c in args.draft_confidences.split(",")]
+
+
+def _static_rows(args, d, prompts, cache_length, prompt_set) -> list[dict]:
+  """`Sampler.decode` over consecutive batches of b prompts, base and verified in rotation."""
+  base = Sampler(d.config, d.params, base=True, cache_length=cache_length,
+                 out_length=args.max_new_tokens, eos_ids=d.eos_ids)
+  verify = Sampler(d.config, d.params, cache_length=cache_length,
+                   out_length=args.max_new_tokens, eos_ids=d.eos_ids,
+                   draft_vocab=d.draft_vocab, verify=True)
+  rows = []
+  for b in args.batch_sizes:
+    settings = [("base", base, {})] + [
+        (c, verify, dict(confidence=c, min_token_prob=0.0)) for c in _confidences(args)]
+    for _, sampler, knobs in settings:                      # compile, then time
+      sampler.decode(prompts[:b], max_new_tokens=args.max_new_tokens, **knobs)
+    runs = {name: [] for name, _, _ in settings}
+    for _ in range(args.repeats):
+      for name, sampler, knobs in settings:
+        runs[name].append(_run(sampler, prompts, b, args.max_new_tokens, **knobs))
+    median = lambda name: statistics.median(r[2] for r in runs[name])
+    for c in _confidences(args):
+      answers, forwards, _, counts = runs[c][0]
+      rows.append(_row(prompt_set, b, c, runs["base"][0][0], answers, forwards, median(c),
+                       counts, median("base")))
+  return rows
+
+
+def _generate(batcher, prompts, max_new_tokens, confidence):
+  """-> (answers, forwards per request, seconds): every prompt through the batcher."""
+  requests = [Request(list(p), max_new_tokens=max_new_tokens, confidence=confidence,
+                      min_token_prob=0.0) for p in prompts]
+  start = time.perf_counter()
+  done = batcher.generate(requests)
+  seconds = time.perf_counter() - start
+  return [c.tokens for c in done], [c.macro_steps for c in done], seconds
+
+
+def _continuous_rows(args, d, prompts, cache_length, prompt_set) -> list[dict]:
+  """`ContinuousBatcher` with b slots fed all prompts, base and verified in rotation."""
+  rows = []
+  for b in args.batch_sizes:
+    kw = dict(num_slots=b, cache_length=cache_length, eos_ids=d.eos_ids)
+    base = ContinuousBatcher(d.config, d.params, base=True, **kw)
+    verify = ContinuousBatcher(d.config, d.params, draft_vocab=d.draft_vocab, verify=True, **kw)
+    settings = [("base", base, 1.0)] + [(c, verify, c) for c in _confidences(args)]
+    for _, batcher, c in settings:                          # compile, then time
+      _generate(batcher, prompts[:b + 1], args.max_new_tokens, c)
+    runs = {name: [] for name, _, _ in settings}
+    for _ in range(args.repeats):
+      for name, batcher, c in settings:
+        runs[name].append(_generate(batcher, prompts, args.max_new_tokens, c))
+    median = lambda name: statistics.median(r[2] for r in runs[name])
+    for c in _confidences(args):
+      answers, forwards, _ = runs[c][0]
+      rows.append(_row(prompt_set, b, c, runs["base"][0][0], answers, forwards, median(c),
+                       None, median("base"), batching="continuous"))
+  return rows
 
 
 def format_table(result: dict) -> str:
   from benchmarks.common import markdown_table  # pylint: disable=import-outside-toplevel
   fmt = lambda x: "-" if x is None else f"{x:.2f}"
   return markdown_table(
-      ["prompts", "batch", "confidence", "same as base", "tokens/forward", "acceptance 1/2/3",
-       "tokens/s", "base tokens/s", "vs base"],
-      [[r["prompt_set"], r["batch"], r["confidence"], r["same_as_base"],
+      ["prompts", "batching", "batch", "confidence", "same as base", "tokens/forward",
+       "acceptance 1/2/3", "tokens/s", "base tokens/s", "vs base"],
+      [[r["prompt_set"], r.get("batching", "static"), r["batch"], r["confidence"],
+        r["same_as_base"],
         f"{r['tokens_per_forward']:.2f}", "/".join(fmt(a) for a in r["acceptance"]),
         f"{r['tokens_per_s']:.1f}", f"{r['base_tokens_per_s']:.1f}", f"{r['speedup']:.2f}x"]
        for r in result["rows"]])

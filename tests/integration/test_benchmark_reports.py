@@ -177,6 +177,17 @@ def test_decode_speed_verify_engine_reports_the_base_answers(tmp_path):
   assert out.exists() and "provenance" in open(out).read()
 
 
+@pytest.mark.slow
+def test_decode_speed_verify_engine_measures_continuous_batching(tmp_path):
+  result = decode_speed.main(["--engine", "verify", "--batch_sizes", "2", "--verify_prompts", "3",
+                              "--max_new_tokens", "10", "--prompt_sets", "both",
+                              "--draft_confidences", "0.001", "--repeats", "1",
+                              "--verify_batching", "continuous", "--out", str(tmp_path / "v.json")])
+  (row,) = result["rows"]
+  assert row["batching"] == "continuous" and row["same_as_base"] and row["tokens"] > 0
+  assert row["tokens_per_forward"] > 1.0 and row["acceptance"] == [None] * 3
+
+
 def test_decode_speed_verify_engine_refuses_flags_of_other_engines(capsys):
   with pytest.raises(SystemExit):
     decode_speed.parse_args(["--engine", "verify", "--policies", "all"])
