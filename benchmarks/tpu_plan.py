@@ -6,6 +6,8 @@ compiler on this (CPU) host and prints JSON lines plus a table.
     python -m benchmarks.tpu_plan --train none --decode 1b@v5e:2x2:8:4096
     python -m benchmarks.tpu_plan --train none --decode 1b@v5e:2x2:8:4096 --explain
     python -m benchmarks.tpu_plan --train none --decode 1b@v5e:2x2:1:4096 --quantize int8
+    python -m benchmarks.tpu_plan --train none --decode 1b@v5e:2x2:8:4096 --models verify base \
+        --draft_vocab 8192 --explain
 
 Train entries are `config@topology[:key=value,..]` (a configs/ module; overrides of its fields,
 e.g. `llama3_1b@v5e:2x4:data.batch_size=16,model.remat=save_dots`). Decode entries are
@@ -20,9 +22,12 @@ their ratio to the model FLOPs (6 N tokens + causal attention, see `model_flops`
 rematerialisation overhead. Decode: XLA's bytes accessed by the loop program (while-loop
 bodies counted once: one macro step whose micro-step loop runs once) and the memory-bound time of
 that step, bytes / HBM bandwidth (`step_ms_at_hbm_bw`; v5e 819 GB/s); XLA's bytes exceed one
-read of the weights and the KV cache, whose time is the floor (`weights_kv_ms_at_hbm_bw`). Needs libtpu (requirements-test.txt).
+read of the weights and the KV cache, whose time is the floor (`weights_kv_ms_at_hbm_bw`).
+Needs libtpu (requirements-test.txt).
 --explain: each decode step's bytes op by op, grouped (weights, KV cache, activations, copies)
 beside its floor, XLA's accounting and the HBM traffic alone (`benchmarks.tpu.step_bytes`).
+--draft_vocab K: HAMburger's and verified decoding's drafts choose from K ids
+(`decode/draft_vocab.py`), so a drafting micro step reads K rows of the LM head, not all.
 Writes {"rows": [...], "provenance"} to --out after every entry (default
 docs/results/data/tpu/tpu_plan.json).
 """
@@ -113,10 +118,11 @@ def train_row(entry: str) -> dict:
   return row
 
 
-def decode_rows(entry: str, models=DECODE_MODELS, explain: bool = False,
-                fill: int | None = None, quantize: str = "none") -> list[dict]:
+def decode_rows(entry: str, models=DECODE_MODELS, explain: bool = False, fill: int | None = None,
+                quantize: str = "none", draft_vocab: int = 0) -> list[dict]:
   """explain: each row also gets "bytes", the step's byte attribution (`tpu.step_bytes`);
-  quantize: "int8" compiles the loops with int8 weights (`model/quantize.py`)."""
+  quantize: "int8" compiles the loops with int8 weights (`model/quantize.py`); draft_vocab: K > 0
+  = drafts choose from K ids (the base's rows have none)."""
   size, chip, shape, batch, slots, *mesh = entry.replace("@", ":").split(":")
   from hamburger_jax.model.config import get_preset
   cfg = get_preset(_DECODE_PRESETS[size], dtype="bfloat16", param_dtype="bfloat16")
@@ -124,13 +130,15 @@ def decode_rows(entry: str, models=DECODE_MODELS, explain: bool = False,
   device = devices if mesh else devices[0]          # a mesh spans the slice's chips
   rows = []
   for model in models:
-    inspect = (step_bytes.inspector(cfg, model, int(batch), int(slots), fill) if explain
-               else None)
+    k = 0 if model == "base" else draft_vocab
+    inspect = (step_bytes.inspector(cfg, model, int(batch), int(slots), fill, draft_vocab=k)
+               if explain else None)
     report = aot.compile_decode_loop(cfg, device, batch=int(batch), cache_length=int(slots),
                                      base=model == "base", verify=model == "verify",
                                      inspect=inspect, quantize=quantize,
-                                     mesh=mesh[0] if mesh else None)
+                                     mesh=mesh[0] if mesh else None, draft_vocab=k)
     rows.append({"kind": "decode", "entry": entry, "model": model, "quantize": quantize,
+                 "draft_vocab": k,
                  "batch": int(batch), "slots": int(slots), **report,
                  "step_ms_at_hbm_bw": report.get("bytes_accessed", 0.0)
                  / (aot.HBM_GBPS[chip] * 1e9) * 1e3,
@@ -150,6 +158,7 @@ def table(rows) -> str:
   cells = []
   for r in rows:
     int8 = " int8" if r.get("quantize") == "int8" else ""
+    int8 += f" draft vocab {r['draft_vocab']}" if r.get("draft_vocab") else ""
     what = (f"train {r['entry']}" if r["kind"] == "train" else
             f"decode {r['model']}{int8} {r['entry']}")
     if not r["fits"]:
@@ -180,7 +189,11 @@ def main(argv=None):
                  help="--explain: KV slots in use per row (default: all)")
   p.add_argument("--quantize", default="none", choices=("none", "int8"),
                  help="decode: the weights' format (int8: per-channel scales, model/quantize.py)")
+  p.add_argument("--draft_vocab", type=int, default=0,
+                 help="decode: drafts choose from this many token ids (0: the whole vocabulary)")
   args = p.parse_args(argv)
+  if args.draft_vocab < 0:
+    p.error(f"--draft_vocab must be >= 0 (0: the whole vocabulary), got {args.draft_vocab}.")
   if args.out is None:
     args.out = os.path.join(results_dir("tpu"),
                             "decode_bytes.json" if args.explain else "tpu_plan.json")
@@ -194,7 +207,8 @@ def main(argv=None):
     write_json({"rows": rows}, args.out, __spec__.name, argv)
 
   for entry in (e for e in args.decode if e != "none"):
-    for row in decode_rows(entry, args.models, args.explain, args.fill, args.quantize):
+    for row in decode_rows(entry, args.models, args.explain, args.fill, args.quantize,
+                           args.draft_vocab):
       add(row)
   for entry in (e for e in args.train if e != "none"):
     add(train_row(entry))

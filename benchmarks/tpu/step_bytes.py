@@ -28,9 +28,12 @@ def _bytes(tree) -> float:
   return float(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree)))
 
 
-def floor_bytes(cfg, model: str, batch: int, slots: int, fill: int | None = None) -> dict:
+def floor_bytes(cfg, model: str, batch: int, slots: int, fill: int | None = None,
+                draft_vocab: int = 0) -> dict:
   """Bytes one step must read: {"weights", "repeats", "kv_cache", "total"} (see the module
-  docstring). model: "base", "hamburger" or "verify" (floored like HAMburger)."""
+  docstring). model: "base", "hamburger" or "verify" (floored like HAMburger). draft_vocab: K > 0
+  = the extra micro steps read the K + REST_SAMPLE rows of the head they draft from."""
+  from hamburger_jax.decode.draft_vocab import REST_SAMPLE
   from hamburger_jax.decode.models import decode_model
   from hamburger_jax.model.attention import init_cache
   from hamburger_jax.model.hamburger import init_params
@@ -41,14 +44,16 @@ def floor_bytes(cfg, model: str, batch: int, slots: int, fill: int | None = None
   kv = _bytes(cache) * min(fill or slots, slots) / slots
   repeats = 0.0
   if model != "base":
-    head = llama.vocab_size * llama.hidden_size * jax.numpy.dtype(cfg.base.param_dtype).itemsize
+    rows = min(draft_vocab + REST_SAMPLE, llama.vocab_size) if draft_vocab else llama.vocab_size
+    head = rows * llama.hidden_size * jax.numpy.dtype(cfg.base.param_dtype).itemsize
     repeats = (cfg.max_steps - 1) * (head + _bytes(params["micro_decoder"]))
   weights = _bytes(decode_params)
   return {"weights": weights, "repeats": repeats, "kv_cache": kv,
           "total": weights + repeats + kv}
 
 
-def inspector(cfg, model: str, batch: int, slots: int, fill: int | None = None, top: int = 12):
+def inspector(cfg, model: str, batch: int, slots: int, fill: int | None = None, top: int = 12,
+              draft_vocab: int = 0):
   """compiled -> {"bytes": the step's attribution against its floor} (an `aot` inspect hook)."""
   from hamburger_jax.model.kv_attention import KV_BLOCK
 
@@ -56,7 +61,7 @@ def inspector(cfg, model: str, batch: int, slots: int, fill: int | None = None, 
     blocks = -(-min(fill or slots, slots) // min(KV_BLOCK, slots))
     report = hlo_bytes.attribute(compiled.as_text(), trips={BASE_ATTENTION: blocks},
                                  per_step=True)
-    floor = floor_bytes(cfg, model, batch, slots, fill)
+    floor = floor_bytes(cfg, model, batch, slots, fill, draft_vocab)
     ops = [{k: r[k] for k in ("name", "opcode", "op_name", "shape", "count")}
            | {"xla": r["xla"] * r["count"], "hbm": r["hbm"] * r["count"],
               "hbm_groups": {g: b * r["count"] for g, b in r["groups"]["hbm"].items()}}
@@ -82,7 +87,8 @@ def table(rows) -> str:
     if not b:
       continue
     xla, hbm = b["groups"]["xla"], b["groups"]["hbm"]
-    cells.append([f"{r['model']} b{r['batch']}", f"{r['bytes_accessed'] / GB:.2f}",
+    vocab = f" K={r['draft_vocab']}" if r.get("draft_vocab") else ""
+    cells.append([f"{r['model']}{vocab} b{r['batch']}", f"{r['bytes_accessed'] / GB:.2f}",
                   f"{b['xla_once'] / GB:.2f}", f"{b['xla_step'] / GB:.2f}",
                   f"{b['hbm_step'] / GB:.2f}", f"{b['floor']['total'] / GB:.2f}",
                   f"{b['xla_over_floor']:.2f}", f"{b['hbm_over_floor']:.2f}"]

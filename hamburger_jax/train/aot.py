@@ -142,7 +142,8 @@ def _on(device, tree):
 
 def compile_decode_loop(cfg, device, batch: int, cache_length: int, prompt_len: int = 16,
                         base: bool = False, verify: bool = False, inspect=None,
-                        quantize: str | None = None, mesh: str | None = None) -> dict:
+                        quantize: str | None = None, mesh: str | None = None,
+                        draft_vocab: int = 0) -> dict:
   """AOT-compiles the decode loop (`decode.sampler`'s while_loop over macro steps) on one chip.
 
   cfg: a HamburgerConfig (its dtypes are the params' and the KV cache's); base=True decodes with
@@ -152,6 +153,8 @@ def compile_decode_loop(cfg, device, batch: int, cache_length: int, prompt_len: 
   quantize: "int8" = int8 weights with per-channel scales (`model/quantize.py`).
   mesh: e.g. "tensor=8" over `device`, then a list of chips (`decode/mesh.py`): params and state
   sharded as on the chips; memory and bytes are per chip.
+  draft_vocab: K > 0 = drafts choose from K ids (`decode/draft_vocab.py`; ids 0..K-1 stand in
+  for a real draft vocabulary, the bytes are the same); the base alone has no drafts.
   """
   from hamburger_jax.decode import loop as lp, state as ds
   from hamburger_jax.decode.mesh import on_mesh
@@ -161,7 +164,10 @@ def compile_decode_loop(cfg, device, batch: int, cache_length: int, prompt_len: 
   from hamburger_jax.model.quantize import apply_mode
   init = lambda r: init_params(cfg, r)
   params = jax.eval_shape(init, jax.random.PRNGKey(0))
-  model, params = decode_model(cfg, params, base=base)
+  ids = list(range(draft_vocab)) if draft_vocab and not base else None
+  models = []                         # the (static) decode model, built beside its abstract params
+  params = jax.eval_shape(lambda p: _keep_first(models, decode_model(cfg, p, base, ids)), params)
+  model = models[0]
   params = jax.eval_shape(lambda p: apply_mode(p, model.llama, quantize), params)
   grid = decode_mesh(mesh, device, model)
   engine = lp.DecodeEngine(model, cache_length, cache_length, verify=verify, mesh=grid)
@@ -190,6 +196,12 @@ def compile_decode_loop(cfg, device, batch: int, cache_length: int, prompt_len: 
                   param_gib_per_chip=_per_chip_gib(args[0]),
                   kv_cache_gib_per_chip=_per_chip_gib(args[1].cache))
   return report
+
+
+def _keep_first(sink: list, pair):
+  """(model, params) -> params, the model appended to `sink`."""
+  sink.append(pair[0])
+  return pair[1]
 
 
 def decode_mesh(spec: str | None, devices, model):

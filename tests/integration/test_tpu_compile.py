@@ -65,3 +65,23 @@ def test_matmul_flops_weight_loop_bodies_by_trip_count():
   assert count["flops_once"] == 2 * one, count
   xla = aot.memory_report(compiled)["flops"]      # XLA's count: the loop body once
   assert 2 * one <= xla < 3 * one, (xla, count)
+
+
+@pytest.mark.slow
+def test_a_draft_vocabulary_cuts_the_verified_steps_bytes_on_a_v5e_chip():
+  from benchmarks.tpu import step_bytes
+  from hamburger_jax.model.config import get_preset
+  cfg = get_preset("tiny")
+  base = dataclasses.replace(cfg.base, num_layers=2, vocab_size=16384, dtype="bfloat16",
+                             param_dtype="bfloat16")
+  cfg = cfg.replace(base=base, feature_layers=(0, 1), num_micro_layers=1, merger_heads=4)
+  device = aot.topology_devices("v5e:2x2", 1)[0]
+  full, small = (aot.compile_decode_loop(
+      cfg, device, batch=1, cache_length=256, verify=True, draft_vocab=k,
+      inspect=step_bytes.inspector(cfg, "verify", 1, 256, draft_vocab=k)) for k in (0, 256))
+  assert full["fits"] and small["fits"], (full, small)
+  # Each of the 3 drafting micro steps reads 256 + REST_SAMPLE rows of the head, not 16,384.
+  head = base.vocab_size * base.hidden_size * 2
+  assert small["bytes"]["hbm_step"] < full["bytes"]["hbm_step"] - 2 * head, (small, full)
+  floors = [r["bytes"]["floor"] for r in (full, small)]
+  assert floors[1]["repeats"] < floors[0]["repeats"] / 4, floors
