@@ -101,6 +101,10 @@ class HamburgerDecodeModel:
   def micro_step(self, params, prev_tokens, step, cache):
     return self._apply(params, prev_tokens, step, cache, method=HamburgerModel.micro_step)
 
+  def micro_prefill_step(self, params, features, first_tokens):
+    """features [B, F, D], step 0's tokens [B] -> (step 1's out [B, D], micro cache)."""
+    return self._apply(params, features, first_tokens, method=HamburgerModel.micro_prefill_step)
+
 
 @dataclasses.dataclass(frozen=True)
 class BaseDecodeModel:

@@ -131,7 +131,8 @@ def draft_after(engine, params, feats, first, st: ds.DecodeState, keys, running)
   """Drafts the tokens after `first` [B] (committed: the base's token predicted from feats
   [B, F, D]) -> (pending [B, S] = [first, d1..dk], 1 + k [B], micro outputs [B, S, D]).
 
-  The micro decoder runs with `first` as its step-0 token. A row drafts on while the stop head's
+  The micro decoder runs with `first` as its step-0 token (its prefill over the features and
+  draft 1 in one pass, then one pass per further draft). A row drafts on while the stop head's
   continue-probability is >= its confidence (and within max_group and its token budget, up to an
   EOS / stop id), as a merged group would grow. Greedy rows drop a draft below min_token_prob (and
   end there); sampling rows propose every draft they draw, so that each is drawn from the
@@ -153,18 +154,23 @@ def draft_after(engine, params, feats, first, st: ds.DecodeState, keys, running)
   hidden = jnp.zeros((b, s, model.llama.hidden_size), jnp.float32)
   length = jnp.ones((b,), jnp.int32)
 
-  def body(c):
-    j, active, prev, cache, tokens, hidden, length = c
-    out, cache = model.micro_step(params, prev, j, cache)
+  def keep(j, out, active, tokens, hidden, length):
     p = micro.pick(engine, params, out, j, keys, knobs, budget, draft=True)
     take = active & p.keep
     tokens = tokens.at[:, j].set(jnp.where(take, p.token, tokens[:, j]))
     hidden = hidden.at[:, j].set(jnp.where(take[:, None], out.astype(jnp.float32), hidden[:, j]))
-    return j + 1, take & p.go_on, p.token, cache, tokens, hidden, length + take
+    return take & p.go_on, p.token, tokens, hidden, length + take
+
+  def body(c):
+    j, active, prev, cache, tokens, hidden, length = c
+    out, cache = model.micro_step(params, prev, j, cache)
+    active, prev, tokens, hidden, length = keep(j, out, active, tokens, hidden, length)
+    return j + 1, active, prev, cache, tokens, hidden, length
 
   def drafts(_):
-    cache = model.micro_prefill(params, feats)
-    carry = (jnp.int32(1), go_on, first, cache, tokens, hidden, length)
+    out, cache = model.micro_prefill_step(params, feats, first)       # draft 1 in the same pass
+    active, prev, t, h, n = keep(1, out, go_on, tokens, hidden, length)
+    carry = (jnp.int32(2), active, prev, cache, t, h, n)
     out = jax.lax.while_loop(lambda c: (c[0] < s) & jnp.any(c[1]), body, carry)
     return out[4], out[6], out[5]
 

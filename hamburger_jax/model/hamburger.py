@@ -9,7 +9,8 @@ Training (teacher forcing, see `hamburger_jax.model.batch` for the batch fields)
     out.logits [B, M, S, V], out.stop_logits [B, M, S]
 The training loss calls the two halves, `base_features` and then `micro_outputs` + `heads` on
 chunks of positions (hamburger_jax.train.losses), so that no [B, M, S, V] tensor is built.
-Decoding uses the methods `embed_groups`, `base_forward`, `micro_prefill`, `micro_step`, `heads`.
+Decoding uses the methods `embed_groups`, `base_forward`, `micro_prefill`, `micro_step`, `heads`
+(verified decoding: `unmerged_forward`, `micro_prefill_step`).
 """
 
 from __future__ import annotations
@@ -105,6 +106,11 @@ class HamburgerModel(nn.Module):
   def micro_prefill(self, features):
     """features [B, F, D] -> a fresh micro-decoder KV cache holding the features."""
     return self.micro_decoder.prefill(features)
+
+  def micro_prefill_step(self, features, first_tokens):
+    """features [B, F, D], step 0's tokens [B] -> (micro step 1's out [B, D], cache): the micro
+    prefill and step 1 in one pass (`MicroStepDecoder.prefill_step`)."""
+    return self.micro_decoder.prefill_step(features, self.base.embed(first_tokens))
 
   def micro_step(self, prev_tokens, step, cache):
     """Micro step `step` >= 1 given the previous micro step's tokens [B] -> (out [B, D], cache)."""

@@ -71,6 +71,17 @@ class MicroStepDecoder(nn.Module):
     _, _, cache = run_layers(self.layers, features, positions, None, cache, slots)
     return cache
 
+  def prefill_step(self, features, token_embed):
+    """`prefill` and micro step 1 in one pass (the layers' weights read once, not twice):
+    features [B, F, D], token_embed [B, D] of step 0's token -> (step 1's out [B, D], a fresh
+    micro KV cache with slots 0..F filled)."""
+    b, f = features.shape[:2]
+    cache = init_cache(self.cfg.base, self.cfg.num_micro_layers, b, self.cfg.micro_length)
+    x = jnp.concatenate([features, token_embed[:, None].astype(features.dtype)], axis=1)
+    positions = jnp.broadcast_to(jnp.arange(f + 1, dtype=jnp.int32), (b, f + 1))
+    h, _, cache = run_layers(self.layers, x, positions, None, cache, jnp.zeros((b,), jnp.int32))
+    return h[:, f], cache
+
   def step(self, token_embed, step, cache):
     """Micro step `step` >= 1: token_embed [B, D] of the previous token -> (out [B, D], cache)."""
     b = token_embed.shape[0]

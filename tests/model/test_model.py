@@ -116,6 +116,11 @@ def test_micro_step_mode_equals_teacher_forced():
     h, cache = apply(HamburgerModel.micro_step, jnp.asarray(tokens[:, j - 1]), j, cache)
     outs.append(h)
   np.testing.assert_allclose(np.stack(outs, 1), tf, atol=1e-5)
+  # The prefill and step 1 fused into one pass (verified drafting) give step 1 and the cache.
+  first, fused_cache = apply(HamburgerModel.micro_prefill_step, feats, jnp.asarray(tokens[:, 0]))
+  np.testing.assert_allclose(first, tf[:, 1], atol=1e-5)
+  h, _ = apply(HamburgerModel.micro_step, jnp.asarray(tokens[:, 1]), 2, fused_cache)
+  np.testing.assert_allclose(h, tf[:, 2], atol=1e-5)
 
 
 def test_llama3_1b_preset_parameter_count():
