@@ -28,6 +28,7 @@ Needs libtpu (requirements-test.txt).
 beside its floor, XLA's accounting and the HBM traffic alone (`benchmarks.tpu.step_bytes`).
 --draft_vocab K: HAMburger's and verified decoding's drafts choose from K ids
 (`decode/draft_vocab.py`), so a drafting micro step reads K rows of the LM head, not all.
+--micro_layers N: the micro decoder (drafter) has N layers instead of the preset's.
 Writes {"rows": [...], "provenance"} to --out after every entry (default
 docs/results/data/tpu/tpu_plan.json).
 """
@@ -119,13 +120,16 @@ def train_row(entry: str) -> dict:
 
 
 def decode_rows(entry: str, models=DECODE_MODELS, explain: bool = False, fill: int | None = None,
-                quantize: str = "none", draft_vocab: int = 0) -> list[dict]:
+                quantize: str = "none", draft_vocab: int = 0,
+                micro_layers: int | None = None) -> list[dict]:
   """explain: each row also gets "bytes", the step's byte attribution (`tpu.step_bytes`);
   quantize: "int8" compiles the loops with int8 weights (`model/quantize.py`); draft_vocab: K > 0
-  = drafts choose from K ids (the base's rows have none)."""
+  = drafts choose from K ids (the base's rows have none); micro_layers: the micro decoder's
+  depth (None: the preset's)."""
   size, chip, shape, batch, slots, *mesh = entry.replace("@", ":").split(":")
   from hamburger_jax.model.config import get_preset
   cfg = get_preset(_DECODE_PRESETS[size], dtype="bfloat16", param_dtype="bfloat16")
+  cfg = cfg.replace(num_micro_layers=micro_layers or cfg.num_micro_layers)
   devices = aot.topology_devices(f"{chip}:{shape}", None if mesh else 1)
   device = devices if mesh else devices[0]          # a mesh spans the slice's chips
   rows = []
@@ -138,7 +142,7 @@ def decode_rows(entry: str, models=DECODE_MODELS, explain: bool = False, fill: i
                                      inspect=inspect, quantize=quantize,
                                      mesh=mesh[0] if mesh else None, draft_vocab=k)
     rows.append({"kind": "decode", "entry": entry, "model": model, "quantize": quantize,
-                 "draft_vocab": k,
+                 "draft_vocab": k, "micro_layers": cfg.num_micro_layers,
                  "batch": int(batch), "slots": int(slots), **report,
                  "step_ms_at_hbm_bw": report.get("bytes_accessed", 0.0)
                  / (aot.HBM_GBPS[chip] * 1e9) * 1e3,
@@ -191,7 +195,11 @@ def main(argv=None):
                  help="decode: the weights' format (int8: per-channel scales, model/quantize.py)")
   p.add_argument("--draft_vocab", type=int, default=0,
                  help="decode: drafts choose from this many token ids (0: the whole vocabulary)")
+  p.add_argument("--micro_layers", type=int, default=None,
+                 help="decode: the micro decoder's layers (default: the preset's)")
   args = p.parse_args(argv)
+  if args.micro_layers is not None and args.micro_layers < 1:
+    p.error(f"--micro_layers must be >= 1, got {args.micro_layers}.")
   if args.draft_vocab < 0:
     p.error(f"--draft_vocab must be >= 0 (0: the whole vocabulary), got {args.draft_vocab}.")
   if args.out is None:
@@ -208,7 +216,7 @@ def main(argv=None):
 
   for entry in (e for e in args.decode if e != "none"):
     for row in decode_rows(entry, args.models, args.explain, args.fill, args.quantize,
-                           args.draft_vocab):
+                           args.draft_vocab, args.micro_layers):
       add(row)
   for entry in (e for e in args.train if e != "none"):
     add(train_row(entry))
