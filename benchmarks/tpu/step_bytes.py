@@ -5,10 +5,11 @@ the floor. Used by `python -m benchmarks.tpu_plan --explain`.
 
 One step is one iteration of the decode loop's `while` (a macro step; a base step emits one
 token). Loops inside it count their trips: the base's attention over KV blocks the blocks of
-`fill` slots (default: all of them, the worst case), the micro-step loop its S - 1 steps. The
-floor: every weight read once, the LM head and the micro-step decoder once more per extra micro
-step for HAMburger (the micro decoder also runs once over the features: S passes, the head S),
-and the KV cache in use read once. Per step two figures: XLA's (its accounting, op by op
+`fill` slots (default: all of them, the worst case), the micro-step loop its steps. The floor: every weight read once, the LM head (or, with a draft vocabulary, its K rows drafts
+choose from) once more per drafting micro step and the micro-step decoder once more per extra
+pass (HAMburger: S passes, its prefill over the features and S - 1 steps; verified decoding:
+S - 1, the prefill fused with draft 1, and no embedder read), and the KV cache in use read
+once. Per step two figures: XLA's (its accounting, op by op
 `hlo_bytes.attribute`, loops weighted) and the HBM traffic alone (VMEM copies of prefetched
 weights and buffers dropped).
 """
@@ -31,14 +32,16 @@ def _bytes(tree) -> float:
 def floor_bytes(cfg, model: str, batch: int, slots: int, fill: int | None = None,
                 draft_vocab: int = 0) -> dict:
   """Bytes one step must read: {"weights", "repeats", "kv_cache", "total"} (see the module
-  docstring). model: "base", "hamburger" or "verify" (floored like HAMburger). draft_vocab: K > 0
-  = the extra micro steps read the K + REST_SAMPLE rows of the head they draft from."""
+  docstring). model: "base", "hamburger" or "verify". draft_vocab: K > 0 = the S - 1 drafting
+  micro steps read the K + REST_SAMPLE rows of the head they draft from, not all of it."""
   from hamburger_jax.decode.draft_vocab import REST_SAMPLE
   from hamburger_jax.decode.models import decode_model
   from hamburger_jax.model.attention import init_cache
   from hamburger_jax.model.hamburger import init_params
   params = jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0)))
   _, decode_params = decode_model(cfg, params, base=model == "base")
+  if model == "verify":                   # plain tokens: no merge, the embedder is never read
+    decode_params = {k: v for k, v in decode_params.items() if k != "embedder"}
   llama = cfg.base
   cache = jax.eval_shape(lambda: init_cache(llama, llama.num_layers, batch, slots))
   kv = _bytes(cache) * min(fill or slots, slots) / slots
@@ -46,7 +49,11 @@ def floor_bytes(cfg, model: str, batch: int, slots: int, fill: int | None = None
   if model != "base":
     rows = min(draft_vocab + REST_SAMPLE, llama.vocab_size) if draft_vocab else llama.vocab_size
     head = rows * llama.hidden_size * jax.numpy.dtype(cfg.base.param_dtype).itemsize
-    repeats = (cfg.max_steps - 1) * (head + _bytes(params["micro_decoder"]))
+    # Micro-decoder passes: HAMburger's prefill and S - 1 steps; verified drafting fuses the
+    # prefill with draft 1 (S - 1 passes). One of them is in "weights".
+    passes = cfg.max_steps - (model == "verify")
+    repeats = ((cfg.max_steps - 1) * head
+               + (passes - 1) * _bytes(params["micro_decoder"]))
   weights = _bytes(decode_params)
   return {"weights": weights, "repeats": repeats, "kv_cache": kv,
           "total": weights + repeats + kv}
