@@ -54,7 +54,7 @@ GROUPS = {            # flags that apply to one measurement only (dest: default)
                 "length_spread": 0.0, "draft_vocabs": "shipped", "compare_compact": 0,
                 "code_fences": 1},
     "verify": {"prompt_sets": "both,code", "draft_confidences": "0.001,0.3,0.5",
-               "verify_prompts": 24, "verify_batching": "static"},
+               "verify_prompts": 24, "verify_batching": "static", "width_rules": "on"},
 }
 DEFAULTS = {"sampler": dict(batch_sizes="1,8", out=("step_costs", "decode_speed.json")),
             "micro_layers": dict(max_new_tokens=128, out=("step_costs", "micro_layers.json")),
@@ -114,6 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
   v.add_argument("--verify_prompts", type=int, help="prompts per set")
   v.add_argument("--verify_batching", choices=("static", "continuous", "static,continuous"),
                  help="static batches of b prompts and/or continuous batching over b slots")
+  v.add_argument("--width_rules", choices=("on", "off", "on,off"),
+                 help="verified steps with the width rule (decode/draft_width.py) on and/or off")
   p.set_defaults(**GROUPS["sampler"], **GROUPS["batched"], **GROUPS["verify"])
   return p
 

@@ -8,15 +8,19 @@ r"""What the pieces of a decode step cost, one measurement per run (picked by --
     python -m benchmarks.step_costs --what macro_step --batch_sizes 8 --repeats 9
     python -m benchmarks.step_costs --what few_rows_head  # LM head at 1..32 rows
     python -m benchmarks.step_costs --what few_rows_head --rows 2,8 --repeats 50
+    python -m benchmarks.step_costs --what verify_widths  # a verified forward at widths 1, 2, 4
 
   batch          one micro prefill + micro step of the shipped model at B rows when k continue,
                  on all B rows and on the k gathered (benchmarks/costs/batch.py)
   macro_step     one macro step of the continuous batcher, base vs HAMburger at confidence 1 and
                  at the shipped defaults, merge work skipped or always (costs/macro_step.py)
   few_rows_head  the LM head at few rows, XLA's dot vs `layers.attend_rows` (costs/few_rows_head.py)
+  verify_widths  a verified step's base forward and LM head at widths 1, 2, 4, B 1, 8, 32
+                 (costs/verify_widths.py; decode/draft_width.py's CPU_COSTS)
 Settings are timed in rotation and the median reported. Prints the JSON and a markdown table and
 writes the JSON (with "provenance": command, commit, date, machine) to
-docs/results/data/step_costs/{batch_costs,macro_step_costs,few_rows_head}.json unless --out.
+docs/results/data/step_costs/{batch_costs,macro_step_costs,few_rows_head,verify_widths}.json
+unless --out.
 """
 
 from __future__ import annotations
@@ -31,10 +35,12 @@ GROUPS = {            # flags that apply to one measurement only (dest: default)
     "batch": {"cache_length": 128, "draft_vocab": ""},
     "macro_step": {"chunk_steps": 4, "num_prompts": 64},
     "few_rows_head": {"rows": [1, 2, 4, 8, 12, 16, 32], "vocab": 49152, "hidden": 576},
+    "verify_widths": {},
 }
 DEFAULTS = {"batch": dict(batch_sizes=[8, 32], repeats=15, out="batch_costs.json"),
             "macro_step": dict(batch_sizes=[1, 8, 32], repeats=7, out="macro_step_costs.json"),
-            "few_rows_head": dict(repeats=30, out="few_rows_head.json")}
+            "few_rows_head": dict(repeats=30, out="few_rows_head.json"),
+            "verify_widths": dict(batch_sizes=[1, 8, 32], repeats=15, out="verify_widths.json")}
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -96,6 +102,9 @@ def measure(parser, args) -> tuple[dict, str]:
   if args.what == "macro_step":
     from benchmarks.costs import macro_step
     return macro_step.measure(args)
+  if args.what == "verify_widths":
+    from benchmarks.costs import verify_widths
+    return verify_widths.measure(args)
   from benchmarks.costs import batch
   from hamburger_jax.decode import draft_vocab
   try:

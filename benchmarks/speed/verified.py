@@ -13,6 +13,8 @@ the set's prompts submitted at once, a freed slot refilled at once, as a server 
 to end (admissions included, for the base and verified decoding alike) and tokens per forward;
 acceptance per draft is reported by the static rows only. Static batches of b rows decode until
 their slowest row is done, so a row that drew fewer accepted drafts holds the batch.
+--width_rules on,off: verified decoding with and without the width rule (`decode/draft_width.py`:
+a step sends only the drafts worth its forward width's cost).
 """
 
 from __future__ import annotations
@@ -45,12 +47,14 @@ def _run(sampler, prompts, b, max_new_tokens, **knobs):
   return answers, forwards, seconds, counts
 
 
-def _row(prompt_set, b, confidence, base, answers, forwards, seconds, counts, base_seconds,
+def _row(prompt_set, b, variant, base, answers, forwards, seconds, counts, base_seconds,
          batching="static"):
+  confidence, rule = variant
   tokens = sum(len(a) for a in answers)
   reached, accepted = counts or ([None] * 3, [None] * 3)
   return {
       "prompt_set": prompt_set, "batching": batching, "batch": b, "confidence": confidence,
+      "width_rule": rule,
       "same_as_base": answers == base, "tokens": tokens,
       "tokens_per_forward": tokens / max(sum(forwards), 1),
       "acceptance": [a / r if r else None for r, a in zip(reached, accepted)],
@@ -77,21 +81,25 @@ def measure(args) -> dict:
   return {"max_new_tokens": args.max_new_tokens, "prompts": args.verify_prompts, "rows": rows}
 
 
-def _confidences(args) -> list[float]:
-  return [float(c) for c in args.draft_confidences.split(",")]
+def _variants(args) -> list[tuple[float, bool]]:
+  """(drafting confidence, width rule on) of every verified setting."""
+  rules = {"on": True, "off": False}
+  return [(float(c), rules[r]) for c in args.draft_confidences.split(",")
+          for r in args.width_rules.split(",")]
 
 
 def _static_rows(args, d, prompts, cache_length, prompt_set) -> list[dict]:
   """`Sampler.decode` over consecutive batches of b prompts, base and verified in rotation."""
   base = Sampler(d.config, d.params, base=True, cache_length=cache_length,
                  out_length=args.max_new_tokens, eos_ids=d.eos_ids)
-  verify = Sampler(d.config, d.params, cache_length=cache_length,
-                   out_length=args.max_new_tokens, eos_ids=d.eos_ids,
-                   draft_vocab=d.draft_vocab, verify=True)
+  verify = {rule: Sampler(d.config, d.params, cache_length=cache_length,
+                          out_length=args.max_new_tokens, eos_ids=d.eos_ids,
+                          draft_vocab=d.draft_vocab, verify=True, draft_width_rule=rule)
+            for rule in {r for _, r in _variants(args)}}
   rows = []
   for b in args.batch_sizes:
     settings = [("base", base, {})] + [
-        (c, verify, dict(confidence=c, min_token_prob=0.0)) for c in _confidences(args)]
+        (v, verify[v[1]], dict(confidence=v[0], min_token_prob=0.0)) for v in _variants(args)]
     for _, sampler, knobs in settings:                      # compile, then time
       sampler.decode(prompts[:b], max_new_tokens=args.max_new_tokens, **knobs)
     runs = {name: [] for name, _, _ in settings}
@@ -99,9 +107,9 @@ def _static_rows(args, d, prompts, cache_length, prompt_set) -> list[dict]:
       for name, sampler, knobs in settings:
         runs[name].append(_run(sampler, prompts, b, args.max_new_tokens, **knobs))
     median = lambda name: statistics.median(r[2] for r in runs[name])
-    for c in _confidences(args):
-      answers, forwards, _, counts = runs[c][0]
-      rows.append(_row(prompt_set, b, c, runs["base"][0][0], answers, forwards, median(c),
+    for v in _variants(args):
+      answers, forwards, _, counts = runs[v][0]
+      rows.append(_row(prompt_set, b, v, runs["base"][0][0], answers, forwards, median(v),
                        counts, median("base")))
   return rows
 
@@ -122,8 +130,10 @@ def _continuous_rows(args, d, prompts, cache_length, prompt_set) -> list[dict]:
   for b in args.batch_sizes:
     kw = dict(num_slots=b, cache_length=cache_length, eos_ids=d.eos_ids)
     base = ContinuousBatcher(d.config, d.params, base=True, **kw)
-    verify = ContinuousBatcher(d.config, d.params, draft_vocab=d.draft_vocab, verify=True, **kw)
-    settings = [("base", base, 1.0)] + [(c, verify, c) for c in _confidences(args)]
+    verify = {rule: ContinuousBatcher(d.config, d.params, draft_vocab=d.draft_vocab, verify=True,
+                                      draft_width_rule=rule, **kw)
+              for rule in {r for _, r in _variants(args)}}
+    settings = [("base", base, 1.0)] + [(v, verify[v[1]], v[0]) for v in _variants(args)]
     for _, batcher, c in settings:                          # compile, then time
       _generate(batcher, prompts[:b + 1], args.max_new_tokens, c)
     runs = {name: [] for name, _, _ in settings}
@@ -131,9 +141,9 @@ def _continuous_rows(args, d, prompts, cache_length, prompt_set) -> list[dict]:
       for name, batcher, c in settings:
         runs[name].append(_generate(batcher, prompts, args.max_new_tokens, c))
     median = lambda name: statistics.median(r[2] for r in runs[name])
-    for c in _confidences(args):
-      answers, forwards, _ = runs[c][0]
-      rows.append(_row(prompt_set, b, c, runs["base"][0][0], answers, forwards, median(c),
+    for v in _variants(args):
+      answers, forwards, _ = runs[v][0]
+      rows.append(_row(prompt_set, b, v, runs["base"][0][0], answers, forwards, median(v),
                        None, median("base"), batching="continuous"))
   return rows
 
@@ -142,10 +152,10 @@ def format_table(result: dict) -> str:
   from benchmarks.common import markdown_table  # pylint: disable=import-outside-toplevel
   fmt = lambda x: "-" if x is None else f"{x:.2f}"
   return markdown_table(
-      ["prompts", "batching", "batch", "confidence", "same as base", "tokens/forward",
-       "acceptance 1/2/3", "tokens/s", "base tokens/s", "vs base"],
+      ["prompts", "batching", "batch", "confidence", "width rule", "same as base",
+       "tokens/forward", "acceptance 1/2/3", "tokens/s", "base tokens/s", "vs base"],
       [[r["prompt_set"], r.get("batching", "static"), r["batch"], r["confidence"],
-        r["same_as_base"],
+        {True: "on", False: "off"}.get(r.get("width_rule"), "-"), r["same_as_base"],
         f"{r['tokens_per_forward']:.2f}", "/".join(fmt(a) for a in r["acceptance"]),
         f"{r['tokens_per_s']:.1f}", f"{r['base_tokens_per_s']:.1f}", f"{r['speedup']:.2f}x"]
        for r in result["rows"]])

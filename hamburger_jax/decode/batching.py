@@ -108,6 +108,8 @@ class ContinuousBatcher:
   Prefill lengths are padded to power-of-two buckets of at least `min_prompt_bucket`.
   draft_vocab: token ids [K] that drafts choose from (`decode/draft_vocab.py`); None: all.
   verify: verified decoding (`decode/verify.py`): every answer is the base's own.
+  draft_width_rule: verified steps send only the drafts worth their width (`draft_width`; None:
+  on CPU).
   mesh: a jax Mesh to decode on (`decode/mesh.py`: params, KV buffers and slots sharded).
   """
 
@@ -116,7 +118,7 @@ class ContinuousBatcher:
                micro_policy: str = "all", min_prompt_bucket: int = 16,
                compact_micro_steps: bool | None = None,
                skip_unmerged: bool | None = None, draft_vocab=None, verify: bool = False,
-               mesh=None):
+               mesh=None, draft_width_rule: bool | None = None):
     for name, value in (("num_slots", num_slots), ("cache_length", cache_length),
                         ("chunk_steps", chunk_steps)):
       if value < 1:
@@ -127,7 +129,8 @@ class ContinuousBatcher:
                              "the base alone).")
     spare = model.max_steps - 1 if verify else 0      # a verify forward writes S slots
     self.engine = lp.DecodeEngine(model, cache_length + spare, chunk_steps * model.max_steps,
-                                  compact_micro_steps, skip_unmerged, verify, mesh)
+                                  compact_micro_steps, skip_unmerged, verify, mesh,
+                                  draft_width_rule)
     self.params = mesh_lib.place_params(mesh, model, params)
     self.scorer = prompt_scorer(model, self.params, cache_length)   # prompts' log-probs
     self.eos_ids = tuple(int(e) for e in eos_ids) or tuple(model.llama.eos_token_ids)

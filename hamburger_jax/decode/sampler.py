@@ -50,6 +50,8 @@ class Sampler:
   verify: verified decoding (`decode/verify.py`): the base checks the micro decoder's drafts in
   its next forward, so the answer is the base's own (greedy: token for token). A HAMburger model
   only; the KV buffer gets S - 1 spare slots (a forward writes S) so it holds as many tokens.
+  draft_width_rule: a verified step sends only the drafts worth its forward width's cost
+  (`decode/draft_width.py`); None: on CPU.
   mesh: a jax Mesh (`decode.mesh.make_decode_mesh`) to decode on, params and KV buffers sharded
   (`decode/mesh.py`); None: one device.
   quantize: "int8" decodes with int8 weights (`model/quantize.py`, quantized once here; params
@@ -61,7 +63,7 @@ class Sampler:
                min_prompt_bucket: int = 16, donate: bool = True,
                compact_micro_steps: bool | None = None,
                skip_unmerged: bool | None = None, draft_vocab=None, verify: bool = False,
-               mesh=None, quantize: str | None = None):
+               mesh=None, quantize: str | None = None, draft_width_rule: bool | None = None):
     model, params = decode_model(cfg, params, base, draft_vocab)
     try:
       params = quantize_lib.apply_mode(params, model.llama, quantize)
@@ -74,7 +76,8 @@ class Sampler:
                              "base alone has no drafts to verify (drop --base or --verify).")
     spare = model.max_steps - 1 if verify else 0
     self.engine = lp.DecodeEngine(model, cache_length + spare, out_length or cache_length,
-                                  compact_micro_steps, skip_unmerged, verify, mesh)
+                                  compact_micro_steps, skip_unmerged, verify, mesh,
+                                  draft_width_rule)
     self.max_prompt_len = cache_length
     llama = model.llama
     self.eos_ids = llama.eos_token_ids if eos_ids is None else tuple(int(e) for e in eos_ids)

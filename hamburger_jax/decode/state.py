@@ -118,9 +118,11 @@ class DecodeState:
   knobs: DecodeKnobs         # traced per-row runtime settings
   micro_policy: MicroPolicy  # traced batch-wide micro-step policy
   # Verified decoding only (`decode/verify.py`), None otherwise: the micro outputs of the pending
-  # drafts [B, S, D] f32, and per draft index the drafts reached / accepted so far [B, 2, S].
+  # drafts [B, S, D] f32, per draft index the drafts reached / accepted so far [B, 2, S], and
+  # each pending draft's acceptance estimate given the ones before [B, S] f32 (index 0 unused).
   draft_hidden: Any = None
   draft_counts: Any = None
+  draft_accept: Any = None
 
 
 def init_state(cache, last_tokens, prompt_lengths, done, rng, knobs: DecodeKnobs,

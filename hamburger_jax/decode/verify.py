@@ -15,6 +15,8 @@ The loop state is `DecodeState` with these meanings:
   draft_hidden [B, S, D] the micro decoder's outputs for d1..dk (their distributions q, sampling)
   draft_counts [B, 2, S] per draft index: drafts reached (proposed, every earlier one
                        accepted), drafts accepted
+  draft_accept [B, S]  the stop head's estimate that draft j is accepted given drafts < j (on
+                       CPU a step sends only the drafts worth their width: `draft_width`)
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from hamburger_jax.decode import micro
+from hamburger_jax.decode import draft_width, micro
 from hamburger_jax.decode import state as ds
 from hamburger_jax.decode.models import write_entries
 from hamburger_jax.decode.sampling import filter_logits
@@ -42,7 +44,8 @@ def init_extras(state: ds.DecodeState, hidden_size: int) -> ds.DecodeState:
   """The verify-mode fields of a freshly prefilled state (no drafts pending)."""
   b, s = state.group_tokens.shape
   return state.replace(draft_hidden=jnp.zeros((b, s, hidden_size), jnp.float32),
-                       draft_counts=jnp.zeros((b, 2, s), jnp.int32))
+                       draft_counts=jnp.zeros((b, 2, s), jnp.int32),
+                       draft_accept=jnp.ones((b, s), jnp.float32))
 
 
 # --- distributions ---------------------------------------------------------------------------------
@@ -129,7 +132,9 @@ def accept_sampled(p, q, pending, num_drafts, keys):
 
 def draft_after(engine, params, feats, first, st: ds.DecodeState, keys, running):
   """Drafts the tokens after `first` [B] (committed: the base's token predicted from feats
-  [B, F, D]) -> (pending [B, S] = [first, d1..dk], 1 + k [B], micro outputs [B, S, D]).
+  [B, F, D]) -> (pending [B, S] = [first, d1..dk], 1 + k [B], micro outputs [B, S, D], each
+  draft's acceptance estimate given the ones before [B, S]: the stop head's continue-probability
+  before it).
 
   The micro decoder runs with `first` as its step-0 token (its prefill over the features and
   draft 1 in one pass, then one pass per further draft). A row drafts on while the stop head's
@@ -147,34 +152,38 @@ def draft_after(engine, params, feats, first, st: ds.DecodeState, keys, running)
   cap = jnp.minimum(knobs.max_group, s)
   is_end = (jnp.any(first[:, None] == knobs.eos_ids, axis=-1)
             | jnp.any(first[:, None] == knobs.stop_ids, axis=-1))
-  go_on = (running & (micro.continue_probability(model.stop_logits(params, feats[:, -1]))
-                      >= knobs.confidence)
+  first_accept = micro.continue_probability(model.stop_logits(params, feats[:, -1]))
+  go_on = (running & (first_accept >= knobs.confidence)
            & (knobs.min_token_prob < 1.0) & (1 < cap) & (1 < budget) & ~is_end)
   tokens = jnp.zeros((b, s), jnp.int32).at[:, 0].set(first)
   hidden = jnp.zeros((b, s, model.llama.hidden_size), jnp.float32)
+  accept = jnp.ones((b, s), jnp.float32).at[:, 1].set(first_accept)
   length = jnp.ones((b,), jnp.int32)
 
-  def keep(j, out, active, tokens, hidden, length):
+  def keep(j, out, active, drafted):
+    tokens, hidden, accept, length = drafted
     p = micro.pick(engine, params, out, j, keys, knobs, budget, draft=True)
     take = active & p.keep
     tokens = tokens.at[:, j].set(jnp.where(take, p.token, tokens[:, j]))
     hidden = hidden.at[:, j].set(jnp.where(take[:, None], out.astype(jnp.float32), hidden[:, j]))
-    return take & p.go_on, p.token, tokens, hidden, length + take
+    accept = accept.at[:, j + 1].set(micro.continue_probability(p.stop), mode="drop")
+    return take & p.go_on, p.token, (tokens, hidden, accept, length + take)
 
   def body(c):
-    j, active, prev, cache, tokens, hidden, length = c
+    j, active, prev, cache, drafted = c
     out, cache = model.micro_step(params, prev, j, cache)
-    active, prev, tokens, hidden, length = keep(j, out, active, tokens, hidden, length)
-    return j + 1, active, prev, cache, tokens, hidden, length
+    active, prev, drafted = keep(j, out, active, drafted)
+    return j + 1, active, prev, cache, drafted
 
-  def drafts(_):
+  def drafts(drafted):
     out, cache = model.micro_prefill_step(params, feats, first)       # draft 1 in the same pass
-    active, prev, t, h, n = keep(1, out, go_on, tokens, hidden, length)
-    carry = (jnp.int32(2), active, prev, cache, t, h, n)
-    out = jax.lax.while_loop(lambda c: (c[0] < s) & jnp.any(c[1]), body, carry)
-    return out[4], out[6], out[5]
+    active, prev, drafted = keep(1, out, go_on, drafted)
+    carry = (jnp.int32(2), active, prev, cache, drafted)
+    return jax.lax.while_loop(lambda c: (c[0] < s) & jnp.any(c[1]), body, carry)[4]
 
-  return jax.lax.cond(jnp.any(go_on), drafts, lambda _: (tokens, length, hidden), None)
+  drafted = (tokens, hidden, accept, length)
+  tokens, hidden, accept, length = jax.lax.cond(jnp.any(go_on), drafts, lambda d: d, drafted)
+  return tokens, length, hidden, accept
 
 
 # --- one verified step ---------------------------------------------------------------------------
@@ -256,6 +265,9 @@ def verify_step(engine, params, st: ds.DecodeState) -> ds.DecodeState:
   active = ~st.done
   pending, num_drafts = st.group_tokens, jnp.where(active, st.group_len - 1, 0)
   widths = forward_widths(s)
+  if draft_width.enabled(engine):
+    num_drafts = draft_width.choose(num_drafts, st.draft_accept, active, widths,
+                                    draft_width.costs(b, widths))
   width = jnp.sum(jnp.asarray(widths) < 1 + jnp.max(num_drafts))   # the smallest that holds all
   keys = jax.vmap(jax.random.fold_in)(st.rng, st.macro_steps)
   branches = [functools.partial(_check_width, engine, params, w) for w in widths]
@@ -268,8 +280,8 @@ def verify_step(engine, params, st: ds.DecodeState) -> ds.DecodeState:
 
   num_out = st.num_out + length
   draft_st = st.replace(num_out=num_out)
-  next_tokens, next_len, hidden = draft_after(engine, params, feats, nxt, draft_st, keys,
-                                              active & ~hit_eos & ~hit_stop)
+  next_tokens, next_len, hidden, accept = draft_after(engine, params, feats, nxt, draft_st, keys,
+                                                      active & ~hit_eos & ~hit_stop)
 
   write = lambda buf, values: ds.masked_set(buf, st.num_out - st.out_start, values, length)
   group_ids = jnp.broadcast_to(st.macro_steps[:, None], tokens.shape)
@@ -289,6 +301,7 @@ def verify_step(engine, params, st: ds.DecodeState) -> ds.DecodeState:
       cache=cache, slot=slot, position=st.position + length,
       group_tokens=keep(next_tokens, st.group_tokens), group_len=keep(next_len, st.group_len),
       draft_hidden=keep(hidden, st.draft_hidden), draft_counts=counts,
+      draft_accept=keep(accept, st.draft_accept),
       out_tokens=write(st.out_tokens, tokens), out_group=write(st.out_group, group_ids),
       out_logprob=write(st.out_logprob, tok_logprob), out_logit=write(st.out_logit, tok_logit),
       out_stop=write(st.out_stop, jnp.zeros_like(tok_logit)), num_out=num_out,

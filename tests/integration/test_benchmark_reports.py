@@ -182,10 +182,13 @@ def test_decode_speed_verify_engine_measures_continuous_batching(tmp_path):
   result = decode_speed.main(["--engine", "verify", "--batch_sizes", "2", "--verify_prompts", "3",
                               "--max_new_tokens", "10", "--prompt_sets", "both",
                               "--draft_confidences", "0.001", "--repeats", "1",
-                              "--verify_batching", "continuous", "--out", str(tmp_path / "v.json")])
-  (row,) = result["rows"]
-  assert row["batching"] == "continuous" and row["same_as_base"] and row["tokens"] > 0
-  assert row["tokens_per_forward"] > 1.0 and row["acceptance"] == [None] * 3
+                              "--verify_batching", "continuous", "--width_rules", "on,off",
+                              "--out", str(tmp_path / "v.json")])
+  assert [r["width_rule"] for r in result["rows"]] == [True, False]
+  for row in result["rows"]:
+    assert row["batching"] == "continuous" and row["same_as_base"] and row["tokens"] > 0
+    assert row["acceptance"] == [None] * 3
+  assert result["rows"][1]["tokens_per_forward"] > 1.0      # the rule off: every draft is sent
 
 
 def test_decode_speed_verify_engine_refuses_flags_of_other_engines(capsys):

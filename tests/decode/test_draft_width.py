@@ -1,0 +1,76 @@
+"""The verified step's width rule (decode/draft_width.py): drafts worth their width's cost."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hamburger_jax.decode import draft_width
+from hamburger_jax.decode.sampler import Sampler
+from tests.decode.helpers import CACHE_LENGTH, OUT_LENGTH, drafting_model
+
+WIDTHS = (1, 2, 4)
+
+
+def _choose(num_drafts, accept, active=None, costs=(1.0, 1.25, 1.5)):
+  num_drafts = jnp.asarray(num_drafts, jnp.int32)
+  active = jnp.ones(num_drafts.shape, bool) if active is None else jnp.asarray(active)
+  accept = jnp.asarray([[1.0] + list(a) for a in accept], jnp.float32)
+  return draft_width.choose(num_drafts, accept, active, WIDTHS, costs).tolist()
+
+
+def test_equal_costs_keep_every_draft():
+  assert _choose([3, 1, 0], [[0.1, 0.1, 0.1]] * 3, costs=(1.0, 1.0, 1.0)) == [3, 1, 0]
+
+
+def test_unlikely_drafts_are_not_worth_a_wider_forward():
+  assert _choose([3], [[0.1, 0.5, 0.5]]) == [0]        # E: 1 / 1.1 / 1.185 against 1 / 1.25 / 1.5
+
+
+def test_likely_drafts_buy_the_widest_forward():
+  # E(4) = 1 + 0.9 + 0.81 + 0.729 = 3.44 -> 2.29 per cost; E(2) = 1.9 -> 1.52.
+  assert _choose([3], [[0.9, 0.9, 0.9]]) == [3]
+
+
+def test_the_middle_width_when_only_the_first_draft_is_likely():
+  # E(2) = 1.8 -> 1.44 per cost; E(4) = 1.8 + 0.08 + 0.008 = 1.89 -> 1.26.
+  assert _choose([3, 3], [[0.8, 0.1, 0.1]] * 2) == [1, 1]
+
+
+def test_the_batch_shares_one_width_and_finished_rows_do_not_count():
+  # One likely row and one hopeless one: together they still pay for width 4 ...
+  assert _choose([3, 3], [[0.95, 0.95, 0.95], [0.0, 0.0, 0.0]]) == [3, 3]
+  # ... and a finished row's drafts count for nothing.
+  assert _choose([3, 3], [[0.0, 0.0, 0.0], [0.95, 0.95, 0.95]], active=[True, False]) == [0, 0]
+
+
+def test_costs_take_the_nearest_measured_batch_below():
+  assert draft_width.costs(1, WIDTHS) == draft_width.CPU_COSTS[1]
+  assert draft_width.costs(16, WIDTHS) == draft_width.CPU_COSTS[8]
+  assert draft_width.costs(64, WIDTHS) == draft_width.CPU_COSTS[32]
+  c1, c2, c4 = draft_width.CPU_COSTS[1]
+  assert draft_width.costs(1, (1, 2, 3)) == pytest.approx((c1, c2, (c2 + c4) / 2))
+
+
+def _stop_head_says(params, continue_prob: float):
+  """params whose stop head gives every position this continue-probability."""
+  head = params["micro_decoder"]["stop_head"]["dense_2"]
+  head = {"kernel": jnp.zeros_like(head["kernel"]),
+          "bias": jnp.full_like(head["bias"], np.log((1 - continue_prob) / continue_prob))}
+  stop_head = {**params["micro_decoder"]["stop_head"], "dense_2": head}
+  return {**params, "micro_decoder": {**params["micro_decoder"], "stop_head": stop_head}}
+
+
+def test_the_rule_keeps_the_base_answer_and_drops_unlikely_drafts():
+  cfg, params = drafting_model()
+  params = _stop_head_says(params, 0.2)     # each draft estimated accepted 1 time in 5
+  kw = dict(cache_length=CACHE_LENGTH, out_length=OUT_LENGTH, verify=True)
+  base = Sampler(cfg, params, base=True, cache_length=CACHE_LENGTH, out_length=OUT_LENGTH)
+  prompts = [[1, 5, 7], [3, 9, 11, 2, 4], [7], [8, 8, 8, 8]]
+  want = base.decode(prompts, max_new_tokens=20).tokens
+  sent = {}
+  for rule in (False, True):
+    got = Sampler(cfg, params, draft_width_rule=rule, **kw).decode(
+        prompts, max_new_tokens=20, confidence=0.001)
+    assert got.tokens == want
+    sent[rule] = np.sum(got.draft_counts[0])                 # drafts reached, all indices
+  assert sent[True] == 0 < sent[False]      # 1.2 expected tokens do not pay for width 2 (1.25)
