@@ -4,6 +4,8 @@ r"""Speed-quality benchmark of the shipped HAMburger-SmolLM2 against its base, i
     python -m benchmarks.quality --num_prompts 4 --max_new_tokens 16 --out_dir /tmp/q  # quick
     python -m benchmarks.quality --confidences 0.7,0.8 --min_token_probs 0,0.3,0.5  # trust sweep
     python -m benchmarks.quality --quantize int8 --num_prompts 32 --max_new_tokens 48   # int8
+    python -m benchmarks.quality --quantize int8,int8:192,int8:64,bf16 --num_prompts 32 \
+        --max_new_tokens 48                     # weight formats side by side
 
 Speed is measured one prompt at a time by default (single-request latency, as in the paper);
 `--batch_size 0` decodes all prompts as one batch, where every macro step pays for the longest
@@ -25,6 +27,7 @@ from benchmarks.common import check_flag_groups, machine, results_dir, write_jso
 from benchmarks.speed import quantized
 from hamburger_jax.decode import draft_vocab, evaluation
 from hamburger_jax.decode.sampler import Sampler
+from hamburger_jax.model import quantize
 from hamburger_jax.shipped import smollm2
 from hamburger_jax.recipes.heldout import PROMPT_SETS, heldout_prompts
 
@@ -55,9 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--repeats", type=int, default=1)
   parser.add_argument("--batch_size", type=int, default=1,
                       help="prompts per decode call; 1 = single-request latency (0 = all at once)")
-  parser.add_argument("--quantize", default="none", choices=("none", "int8"),
+  parser.add_argument("--quantize", default="none",
                       help="int8: the base with int8 weights against float32 instead "
-                           "(benchmarks/speed/quantized.py; writes quantized.json)")
+                           "(benchmarks/speed/quantized.py; writes quantized.json); a list such "
+                           "as int8,int8:64,bf16 measures each (int8:G: a scale per group of G "
+                           "inputs; bf16: weights rounded to bfloat16) in one run and writes "
+                           "quantized_groups.json")
   return parser
 
 
@@ -85,7 +91,14 @@ def main(argv=None):
     defaults = {name: parser.get_default(name) for name in SPEED_QUALITY_FLAGS}
     check_flag_groups(parser, args, {"speed-quality": defaults}, "quantized")
     args.batch_size = args.batch_size or args.num_prompts
-    return quantized.run(args, __spec__.name, argv)
+    try:
+      quantized.parse_modes(args.quantize)
+    except ValueError as e:
+      parser.error(str(e))
+    try:
+      return quantized.run(args, __spec__.name, argv)
+    except quantize.QuantizeError as e:         # a group size the model's widths refuse
+      parser.error(str(e))
 
   t0 = time.time()
   cfg, params, tok, base_cfg = smollm2.load_shipped(args.asset_dir)

@@ -123,7 +123,8 @@ def decode_rows(entry: str, models=DECODE_MODELS, explain: bool = False, fill: i
                 quantize: str = "none", draft_vocab: int = 0,
                 micro_layers: int | None = None) -> list[dict]:
   """explain: each row also gets "bytes", the step's byte attribution (`tpu.step_bytes`);
-  quantize: "int8" compiles the loops with int8 weights (`model/quantize.py`); draft_vocab: K > 0
+  quantize: "int8" / "int8:G" compiles the loops with int8 weights (`model/quantize.py`; G: a
+  scale per group of G inputs); draft_vocab: K > 0
   = drafts choose from K ids (the base's rows have none); micro_layers: the micro decoder's
   depth (None: the preset's)."""
   size, chip, shape, batch, slots, *mesh = entry.replace("@", ":").split(":")
@@ -157,11 +158,20 @@ def _floor_gib(report) -> float:
           + report.get("kv_cache_gib_per_chip", report["kv_cache_gib"]))
 
 
+def _quantize_mode(text: str) -> str:
+  """--quantize's value, checked by `model/quantize.parse_mode` (argparse's one-line error)."""
+  from hamburger_jax.model import quantize  # pylint: disable=import-outside-toplevel
+  try:
+    return quantize.parse_mode(text) or "none"
+  except quantize.QuantizeError as e:
+    raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def table(rows) -> str:
   """The rows as a markdown table (GiB per chip; a row that does not fit gives XLA's error)."""
   cells = []
   for r in rows:
-    int8 = " int8" if r.get("quantize") == "int8" else ""
+    int8 = f" {r['quantize']}" if r.get("quantize", "none") != "none" else ""
     int8 += f" draft vocab {r['draft_vocab']}" if r.get("draft_vocab") else ""
     what = (f"train {r['entry']}" if r["kind"] == "train" else
             f"decode {r['model']}{int8} {r['entry']}")
@@ -191,8 +201,9 @@ def main(argv=None):
                  help="decode loops to compile")
   p.add_argument("--fill", type=int, default=None,
                  help="--explain: KV slots in use per row (default: all)")
-  p.add_argument("--quantize", default="none", choices=("none", "int8"),
-                 help="decode: the weights' format (int8: per-channel scales, model/quantize.py)")
+  p.add_argument("--quantize", default="none", type=_quantize_mode,
+                 help="decode: the weights' format (int8: per-channel scales, int8:G: a scale "
+                      "per group of G inputs; model/quantize.py)")
   p.add_argument("--draft_vocab", type=int, default=0,
                  help="decode: drafts choose from this many token ids (0: the whole vocabulary)")
   p.add_argument("--micro_layers", type=int, default=None,

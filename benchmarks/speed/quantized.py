@@ -1,33 +1,64 @@
-"""`python -m benchmarks.quality --quantize int8`: int8 weight-only decoding of the shipped model's
-base against float32, in one run.
+"""`python -m benchmarks.quality --quantize int8`: weight formats of the shipped model's base
+against float32, in one run.
 
     python -m benchmarks.quality --quantize int8 --num_prompts 32 --max_new_tokens 48
+    python -m benchmarks.quality --quantize int8,int8:192,int8:64,bf16 --num_prompts 32 \
+        --max_new_tokens 48
     python -m benchmarks.quality --quantize int8 --num_prompts 2 --max_new_tokens 8 --out_dir ''
 
 The base of `--ckpt smollm2` (SmolLM2-135M-Instruct) decodes the held-out prompts
-(hamburger_jax/recipes/heldout.py, chat template) greedily with its float32 weights and with int8
-weights (hamburger_jax/model/quantize.py). Measured:
+(hamburger_jax/recipes/heldout.py, chat template) greedily with its float32 weights and with each
+weight set --quantize lists (comma-separated): "int8" (per-channel scales), "int8:G" (a scale
+per group of G inputs; hamburger_jax/model/quantize.py) or "bf16" (every param rounded to
+bfloat16 and back to float32: what any 16-bit weight format keeps). Measured per weight set:
 - nll: the base's mean NLL per token of the reference answers (the float32 base's own greedy
-  answers) under float32 and under int8 weights;
-- agreement: the fraction of the reference answers' tokens the int8 base's greedy answer repeats
+  answers), teacher forced;
+- top_token_agreement: in the same forward (prompt + reference), the fraction of the reference
+  positions whose top token is float32's;
+- greedy_agreement: the fraction of the reference answers' tokens its own greedy answer repeats
   position for position (and the fraction of answers identical to the end);
-- tokens/s of each, batch by batch interleaved (robust to a changing load), compile excluded;
-- the weight bytes each decode step reads.
-Writes quantized.json (with provenance) to --out_dir (default docs/results/data/quality/).
+- tokens/s, the weight sets batch by batch interleaved (robust to a changing load), compile
+  excluded (bf16 decodes float32 params holding bf16 values: float32's speed);
+- the weight bytes each decode step reads (bf16: the bfloat16 params' bytes).
+Writes quantized.json (--quantize int8) or quantized_groups.json (any other list), with
+provenance, to --out_dir (default docs/results/data/quality/).
 """
 
 import json
 import os
 import time
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.common import machine, markdown_table, write_json
-from hamburger_jax.decode import evaluation
 from hamburger_jax.decode.sampler import Sampler
 from hamburger_jax.model import quantize
+from hamburger_jax.model.scoring import Scorer
 from hamburger_jax.recipes.heldout import heldout_prompts
 from hamburger_jax.shipped import smollm2
+
+BF16 = "bf16"
+BF16_NAME = "bf16-rounded"
+
+
+def parse_modes(text: str) -> list[str]:
+  """"int8,int8:64,bf16" -> the list; ValueError (one line) for an item that is neither "bf16"
+  nor an int8 quantize mode."""
+  modes = [m.strip() for m in text.split(",") if m.strip()]
+  for mode in modes:
+    if mode != BF16 and quantize.parse_mode(mode) is None:
+      raise ValueError(f"--quantize lists weight sets beside float32: int8, int8:G or bf16, "
+                       f"got {mode!r}.")
+  if not modes or len(set(modes)) != len(modes):
+    raise ValueError(f"--quantize: give each weight set once, got {text!r}.")
+  return modes
+
+
+def out_name(modes) -> str:
+  """The JSON file a run writes: quantized.json for int8 alone, else quantized_groups.json."""
+  return "quantized.json" if list(modes) == ["int8"] else "quantized_groups.json"
 
 
 def agreement(reference, other) -> tuple[float, float]:
@@ -37,6 +68,21 @@ def agreement(reference, other) -> tuple[float, float]:
              for r, o in zip(reference, other))
   total = max(sum(len(r) for r in reference), 1)
   return same / total, float(np.mean([list(r) == list(o) for r, o in zip(reference, other)]))
+
+
+def weight_sets(base_cfg, base_params, modes) -> dict:
+  """name -> (params, weight bytes a step reads): float32 first, then each mode's (all made
+  before any decoding: a group size the widths refuse stops the run here)."""
+  sets = {"float32": (base_params, quantize.weight_bytes(base_params))}
+  for mode in modes:
+    if mode == BF16:
+      half = jax.tree.map(lambda x: jnp.asarray(x, jnp.bfloat16), base_params)
+      sets[BF16_NAME] = (jax.tree.map(lambda x: x.astype(jnp.float32), half),
+                         quantize.weight_bytes(half))
+    else:
+      params = quantize.apply_mode(base_params, base_cfg, mode)
+      sets[mode] = (params, quantize.weight_bytes(params))
+  return sets
 
 
 def decode_interleaved(samplers: dict, prompts, batch_size: int, max_new_tokens: int) -> dict:
@@ -54,53 +100,76 @@ def decode_interleaved(samplers: dict, prompts, batch_size: int, max_new_tokens:
   return out
 
 
-def measure(base_cfg, base_params, prompts, max_new_tokens: int, batch_size: int) -> dict:
-  """The rows of the float32 and int8 base (see the module docstring)."""
+def teacher_forced(base_cfg, sets: dict, prompts, reference) -> dict:
+  """name -> (mean NLL per reference token, fraction of reference positions whose top token is
+  float32's): one forward of each prompt + reference [L_i] per weight set."""
+  seqs = [np.asarray(list(p) + list(r), np.int32) for p, r in zip(prompts, reference)]
+  max_length = max(len(s) for s in seqs)
+  tops, out = {}, {}
+  for name, (params, _) in sets.items():
+    scored = Scorer(base_cfg, params, metric="nll", max_length=max_length).top_log_probs(seqs, 1)
+    # log p of token i sits at i; the top token after position i at i (it predicts i + 1).
+    nll = -sum(float(np.sum(logp[len(p):])) for p, (logp, _, _) in zip(prompts, scored))
+    tops[name] = [ids[len(p) - 1:-1, 0] for p, (_, ids, _) in zip(prompts, scored)]
+    out[name] = nll / max(sum(len(r) for r in reference), 1)
+  same = lambda name: sum(int(np.sum(a == b)) for a, b in zip(tops[name], tops["float32"]))
+  positions = max(sum(len(t) for t in tops["float32"]), 1)
+  return {name: (nll, same(name) / positions) for name, nll in out.items()}
+
+
+def measure(base_cfg, base_params, prompts, max_new_tokens: int, batch_size: int,
+            modes=("int8",)) -> dict:
+  """The rows of float32 and of each weight set in `modes` (see the module docstring)."""
   kw = dict(cache_length=max(len(p) for p in prompts) + max_new_tokens,
             out_length=max_new_tokens, min_prompt_bucket=16)
-  int8_params = quantize.quantize_params(base_params, base_cfg)
-  samplers = {"float32": Sampler(base_cfg, base_params, **kw),
-              "int8": Sampler(base_cfg, int8_params, **kw)}
+  sets = weight_sets(base_cfg, base_params, modes)
+  samplers = {name: Sampler(base_cfg, params, **kw) for name, (params, _) in sets.items()}
   runs = decode_interleaved(samplers, prompts, batch_size, max_new_tokens)
   reference = runs["float32"]["tokens"]
+  scores = teacher_forced(base_cfg, sets, prompts, reference)
   rows = []
-  for name, params in (("float32", base_params), ("int8", int8_params)):
-    scorer = evaluation.BaseScorer(base_cfg, params)
+  for name, (_, nbytes) in sets.items():
     same, identical = agreement(reference, runs[name]["tokens"])
     new_tokens = sum(len(t) for t in runs[name]["tokens"])
-    rows.append({"weights": name, "nll": scorer.mean_nll(prompts, reference),
+    rows.append({"weights": name, "nll": scores[name][0], "top_token_agreement": scores[name][1],
                  "greedy_agreement": same, "answers_identical": identical,
                  "new_tokens": new_tokens, "decode_s": runs[name]["decode_s"],
                  "tokens_per_s": new_tokens / max(runs[name]["decode_s"], 1e-9),
-                 "weight_bytes": quantize.weight_bytes(params)})
-  rows[1]["nll_ratio"] = rows[1]["nll"] / rows[0]["nll"]
-  rows[1]["speedup"] = rows[1]["tokens_per_s"] / rows[0]["tokens_per_s"]
-  return {"rows": rows, "bf16_weight_bytes": quantize.weight_bytes(base_params) // 2}
+                 "weight_bytes": nbytes})
+  for row in rows[1:]:
+    row["nll_ratio"] = row["nll"] / rows[0]["nll"]
+    row["speedup"] = row["tokens_per_s"] / rows[0]["tokens_per_s"]
+  return {"rows": rows, "modes": list(modes),
+          "reference_tokens": sum(len(r) for r in reference),
+          "bf16_weight_bytes": quantize.weight_bytes(base_params) // 2}
 
 
 def format_table(result: dict) -> str:
   header = ["weights", "weight MB", "NLL of the references", "greedy agreement",
-            "answers identical", "tokens/s"]
+            "answers identical", "top-token agreement (teacher forced)", "tokens/s"]
   rows = [[r["weights"], f"{r['weight_bytes'] / 1e6:.1f}",
            f"{r['nll']:.4f}" + (f" ({r['nll_ratio']:.3f}x)" if "nll_ratio" in r else ""),
            f"{r['greedy_agreement']:.3f}", f"{r['answers_identical']:.3f}",
+           f"{r['top_token_agreement']:.3f}" if "top_token_agreement" in r else "-",
            f"{r['tokens_per_s']:.1f}" + (f" ({r['speedup']:.2f}x)" if "speedup" in r else "")]
           for r in result["rows"]]
   return markdown_table(header, rows)
 
 
 def run(args, module: str, argv=None) -> dict:
-  """The measurement for quality.py's parsed args (num_prompts, max_new_tokens, batch_size,
-  asset_dir, out_dir); prints the table and the JSON, writes quantized.json."""
+  """The measurement for quality.py's parsed args (quantize, num_prompts, max_new_tokens,
+  batch_size, asset_dir, out_dir); prints the table and the JSON, writes `out_name`'s file."""
   t0 = time.time()
+  modes = parse_modes(args.quantize)
   _, params, tok, base_cfg = smollm2.load_shipped(args.asset_dir)
   items = heldout_prompts(args.num_prompts, args.prompt_set)
   prompts = [tok.encode(p["prompt"], chat=True, system=smollm2.SYSTEM_PROMPT) for p in items]
-  result = measure(base_cfg, params["base"], prompts, args.max_new_tokens, args.batch_size)
+  result = measure(base_cfg, params["base"], prompts, args.max_new_tokens, args.batch_size,
+                   modes)
   result.update(num_prompts=len(prompts), prompt_set=args.prompt_set,
                 max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                 seconds=time.time() - t0, machine=machine())
   print(format_table(result))
-  write_json(result, args.out_dir and os.path.join(args.out_dir, "quantized.json"), module, argv)
+  write_json(result, args.out_dir and os.path.join(args.out_dir, out_name(modes)), module, argv)
   print(json.dumps(result))
   return result

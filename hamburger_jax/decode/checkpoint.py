@@ -62,12 +62,21 @@ def resolve_knobs(given: dict, recommended: dict) -> dict:
 
 
 def check_quantize(mode: str | None) -> None:
-  """UsageError unless `mode` is a weight quantization decoding knows (None, "none", "int8")."""
+  """UsageError unless `mode` is a weight quantization decoding knows (None, "none", "int8",
+  "int8:G")."""
   try:
     quantize_lib.parse_mode(mode)
-  except ValueError:
-    raise UsageError(f"--quantize must be one of {', '.join(quantize_lib.MODES)}, got "
-                     f"{mode!r}.") from None
+  except quantize_lib.QuantizeError as e:
+    raise UsageError(f"--{e}") from None
+
+
+def apply_quantize(params, cfg, mode: str | None):
+  """`quantize_lib.apply_mode`, its QuantizeError (e.g. a group size G that does not divide a
+  weight's input width) as a UsageError."""
+  try:
+    return quantize_lib.apply_mode(params, cfg, mode)
+  except quantize_lib.QuantizeError as e:
+    raise UsageError(f"--{e}") from None
 
 
 def check_checkpoint(ckpt: str) -> None:
@@ -90,8 +99,9 @@ def open_checkpoint(ckpt: str, *, base_config: str | None = None, tokenizer: str
   model alone. token_ids: no tokenizer. draft_vocab: "full", a draft vocabulary file, or None (the
   checkpoint's own draft_vocab.json if it has one). code_fences: fenced code decodes one token
   per macro step. chat / system: None = the checkpoint's (a named one is a chat model with its
-  system prompt; a path is plain text). quantize: "int8" = int8 weights, quantized once here
-  (`model/quantize.py`); None or "none" = as stored. verify: decoding will be verified (spec
+  system prompt; a path is plain text). quantize: "int8" = int8 weights (per-channel scales),
+  "int8:G" = scales per group of G inputs, quantized once here (`model/quantize.py`); None or
+  "none" = as stored. verify: decoding will be verified (spec
   §9): the micro decoder trained for it (VERIFY_DRAFTER_FILE in the checkpoint dir) replaces the
   merged-mode one when the checkpoint has it.
   """
@@ -108,7 +118,7 @@ def open_checkpoint(ckpt: str, *, base_config: str | None = None, tokenizer: str
   ckpt_dir = checkpoint_dir(ckpt)
   if verify and not base_only:
     params = load_verify_drafter(ckpt_dir, params)
-  params = quantize_lib.apply_mode(params, cfg, quantize)
+  params = apply_quantize(params, cfg, quantize)
   llama = cfg.base if isinstance(cfg, HamburgerConfig) else cfg
   check_eos_ids(llama, ckpt)
   eos = sorted(set(list(llama.eos_token_ids) + (tok.stop_ids(bool(chat)) if tok else [])))

@@ -75,7 +75,7 @@ class DecodeArgs:
   make_tiny_checkpoint: str | None = None  # write a random tiny checkpoint here and exit
   compare_base: bool = False        # also decode with the base alone; print both and the ratios
   verify: bool = False              # verified decoding: the base checks the drafts (its answer)
-  quantize: str = "none"            # "int8": int8 weights with per-channel scales
+  quantize: str = "none"            # "int8": per-channel scales; "int8:G": per group of G inputs
   mesh: str = ""                    # "data=2,tensor=4": one model over a device mesh ("" = one)
 
 
@@ -315,9 +315,10 @@ _HELP = {
     "verify": "verified decoding: the base checks the micro decoder's drafts in its next forward, "
               "so the answer is the base's own (greedy: token for token) in fewer forwards; "
               "--show_groups marks the tokens of each forward",
-    "quantize": "weights the decode loop reads: 'none' (as stored) or 'int8' (int8 with "
+    "quantize": "weights the decode loop reads: 'none' (as stored), 'int8' (int8 with "
                 "per-output-channel scales, quantized once at load: half the weight bytes of "
-                "bfloat16 per step)",
+                "bfloat16 per step) or 'int8:G' (a scale per group of G inputs, e.g. int8:64; G "
+                "must divide every quantized weight's input width)",
     "mesh": "decode one model over a device mesh, e.g. 'tensor=4' or 'data=2,tensor=4' (axes "
             "data, fsdp, tensor; their product = the devices): heads, kv heads, MLP and "
             "vocabulary split over tensor, rows over data ('' = one device)",

@@ -55,7 +55,8 @@ class Sampler:
   mesh: a jax Mesh (`decode.mesh.make_decode_mesh`) to decode on, params and KV buffers sharded
   (`decode/mesh.py`); None: one device.
   quantize: "int8" decodes with int8 weights (`model/quantize.py`, quantized once here; params
-  quantized already are kept); None or "none": the params as given.
+  quantized already are kept), "int8:G" with a scale per group of G inputs; None or "none": the
+  params as given.
   """
 
   def __init__(self, cfg, params, *, base: bool = False, cache_length: int = 1024,

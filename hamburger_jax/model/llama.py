@@ -150,7 +150,7 @@ class LlamaModel(nn.Module):
     fastest form for R rows (training keeps the plain dot).
     """
     if self.cfg.tie_word_embeddings:
-      if decoding:
+      if decoding and not self.embed_tokens.is_grouped():   # grouped: `attend`'s group sum
         table, scale = self.embed_tokens.head_table(self.cfg.jnp_dtype)
         return scale_logits(attend_rows(hidden.astype(table.dtype), table), scale)
       out = self.embed_tokens.attend(hidden)

@@ -1,7 +1,8 @@
-"""int8 weight-only decoding: per-output-channel symmetric int8 weights, scaled inside the matmul.
+"""int8 weight-only decoding: symmetric int8 weights, scaled inside the matmul.
 
     qparams = quantize_params(params, cfg)      # once, at load; HAMburger or Llama params
     Sampler(cfg, params, quantize="int8")       # the same, inside the sampler
+    Sampler(cfg, params, quantize="int8:64")    # one scale per 64 inputs of each output channel
 
 A quantized Dense holds {"kernel": int8 [in, out], "kernel_scale": float32 [out]} and computes
 (x @ kernel) * scale, the int8 -> float convert feeding the dot: the weights live in params and
@@ -14,13 +15,22 @@ scales them, and the tied LM head (logits[v] = h . E[v]) scales its logits by th
 scale, which is per output channel there. `Dense` and `Embed` below read both layouts, so float
 params run exactly as before and the two layouts are two compile keys of one program.
 
+Group-wise scales (mode "int8:G"): one scale per group of G consecutive entries along the
+contracted dimension. A Dense holds {"kernel": int8 [in, out], "kernel_scale": float32
+[in/G, out]} and computes sum_g (x_g @ kernel_g) * scale[g] (x [.., in/G, G], kernel
+[in/G, G, out]: one einsum, then the scaled sum over groups). The embedding holds
+{"embedding": int8 [V, D], "embedding_scale": float32 [V, D/G]}: a lookup scales each gathered
+row group by group, and the tied head sums per-group partial dots times the per-(row, group)
+scale (`grouped_logits`). G must divide every quantized tensor's contracted width.
+
 Quantized: the base's and the micro decoder's q/k/v/o/gate/up/down kernels, the LM head (or the
 tied embedding). Left in float: norms, biases, the compositional embedder, the merge adapter, the
 stop head (small tensors, where the error would matter most per byte saved).
 
-Scale: per output channel, symmetric (no zero point): the one of r x absmax / 127, r in
-CLIP_RATIOS, with the least squared error over the channel (an all-zero channel gets scale 1).
-The round-trip error of a weight within 127 x scale is at most scale / 2; larger ones clip.
+Scale: per output channel (or per group of a channel), symmetric (no zero point): the one of
+r x absmax / 127, r in CLIP_RATIOS, with the least squared error over the channel (group); an
+all-zero channel (group) gets scale 1. The round-trip error of a weight within 127 x scale is at
+most scale / 2; larger ones clip.
 
 Why not Qwix (qwix 0.1.8, PtqProvider + quantize_params, tried on the tiny Llama with a KV
 cache): it quantizes the decoder layers' Dense kernels of a linen module (the lowered program
@@ -36,6 +46,7 @@ classes here cover every quantized tensor with plain arrays in params.
 
 from __future__ import annotations
 
+import math
 import re
 
 import flax
@@ -44,7 +55,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-MODES = ("none", "int8")
+MODES = ("none", "int8", "int8:G")
 KERNEL_SCALE = "kernel_scale"
 EMBEDDING_SCALE = "embedding_scale"
 INT8_MAX = 127
@@ -56,69 +67,135 @@ CLIP_RATIOS = tuple(1.0 - 0.025 * i for i in range(13))          # 1.0, 0.975, .
 # Leaf paths ("/"-joined dict keys) that int8 decoding quantizes; every other leaf stays.
 _DENSE = re.compile(r"(^|/)(layers_\d+/(self_attn|mlp)/[a-z]+_proj|lm_head)/kernel$")
 _EMBEDDING = re.compile(r"(^|/)embed_tokens/embedding$")
+_GROUPED = re.compile(r"int8:([1-9][0-9]*)")
+
+
+class QuantizeError(ValueError):
+  """A quantize mode decoding does not know, or a group size the weights' widths refuse."""
 
 
 def parse_mode(mode: str | None) -> str | None:
-  """"int8" -> "int8"; None or "none" -> None; anything else: ValueError (one line)."""
+  """"int8" or "int8:G" (G >= 1) -> the mode; None or "none" -> None; anything else:
+  QuantizeError (one line)."""
   if mode is None or mode == "none":
     return None
-  if mode not in MODES:
-    raise ValueError(f"quantize must be one of {', '.join(MODES)}, got {mode!r}.")
+  if mode != "int8" and not (isinstance(mode, str) and _GROUPED.fullmatch(mode)):
+    raise QuantizeError(f"quantize must be one of {', '.join(MODES)} (G: a group size along "
+                        f"the input width, e.g. int8:64), got {mode!r}.")
   return mode
 
 
-def quantize_array(w, axis: int):
-  """w [..] float -> (int8 [..] same shape, float32 scale [w.shape[axis]]): symmetric, one scale
-  per index of `axis` (the output channel), chosen among CLIP_RATIOS x absmax / 127 (over every
-  other axis) for the least squared error of that channel."""
-  w = jnp.asarray(w, jnp.float32)
-  other = tuple(i for i in range(w.ndim) if i != axis % w.ndim)
-  amax = jnp.max(jnp.abs(w), axis=other, keepdims=True)
+def group_size(mode: str | None) -> int | None:
+  """The G of "int8:G"; None for "int8", "none" and None (QuantizeError for another mode)."""
+  match = _GROUPED.fullmatch(parse_mode(mode) or "")
+  return int(match.group(1)) if match else None
+
+
+def _best_scale(w, reduce: tuple[int, ...]):
+  """w float32 -> (rounded w / scale float32, scale), one scale per index of the axes not in
+  `reduce` (kept as size-1 dims): the CLIP_RATIOS x absmax / 127 with the least squared error."""
+  amax = jnp.max(jnp.abs(w), axis=reduce, keepdims=True)
   best = None
   for ratio in CLIP_RATIOS:
     scale = jnp.where(amax > 0, amax * ratio / INT8_MAX, 1.0)
     q = jnp.clip(jnp.round(w / scale), -INT8_MAX, INT8_MAX)
-    err = jnp.sum(jnp.square(q * scale - w), axis=other, keepdims=True)
+    err = jnp.sum(jnp.square(q * scale - w), axis=reduce, keepdims=True)
     if best is None:
       best = (err, q, scale)
     else:
       better = err < best[0]
       best = (jnp.minimum(err, best[0]), jnp.where(better, q, best[1]),
               jnp.where(better, scale, best[2]))
-  return best[1].astype(jnp.int8), best[2].reshape(-1).astype(jnp.float32)
+  return best[1], best[2]
 
 
-_quantize_jit = jax.jit(quantize_array, static_argnums=1)   # compiled once per shape and axis
+def quantize_array(w, axis: int, group: int | None = None):
+  """w [..] float -> (int8 [..] same shape, float32 scale): symmetric, chosen among CLIP_RATIOS x
+  absmax / 127 for the least squared error.
+
+  group None: one scale per index of `axis` (the output channel), over every other axis: scale
+  [w.shape[axis]]. group G (w 2-D): one per output channel and group of G consecutive entries
+  of the other (contracted) axis c: scale [in/G, out] for axis 1, [V, D/G] for axis 0.
+  """
+  w = jnp.asarray(w, jnp.float32)
+  if group is None:
+    other = tuple(i for i in range(w.ndim) if i != axis % w.ndim)
+    q, scale = _best_scale(w, other)
+    return q.astype(jnp.int8), scale.reshape(-1).astype(jnp.float32)
+  c = 1 - axis % 2                                               # the contracted axis
+  if w.ndim != 2 or w.shape[c] % group:
+    raise QuantizeError(f"int8:{group} needs a 2-D weight whose contracted width "
+                        f"({w.shape[c] if w.ndim == 2 else w.shape}) G divides.")
+  grouped = w.reshape(w.shape[:c] + (w.shape[c] // group, group) + w.shape[c + 1:])
+  q, scale = _best_scale(grouped, (c + 1,))
+  return q.reshape(w.shape).astype(jnp.int8), jnp.squeeze(scale, c + 1).astype(jnp.float32)
+
+
+_quantize_jit = jax.jit(quantize_array, static_argnums=(1, 2))   # once per shape, axis, group
 
 
 def dequantize(q, scale, axis: int, dtype=jnp.float32):
-  """int8 q [..], scale [q.shape[axis]] -> q * scale in `dtype`."""
-  shape = [1] * q.ndim
-  shape[axis] = -1
-  return (q.astype(jnp.float32) * scale.reshape(shape)).astype(dtype)
+  """int8 q [..] and its scale -> q * scale in `dtype`. scale: [q.shape[axis]] (per channel)
+  or, q 2-D, grouped along the other axis ([in/G, out] for axis 1, [V, D/G] for axis 0)."""
+  if scale.ndim == 1:
+    shape = [1] * q.ndim
+    shape[axis] = -1
+    return (q.astype(jnp.float32) * scale.reshape(shape)).astype(dtype)
+  c = 1 - axis % 2
+  full = jnp.repeat(scale, q.shape[c] // scale.shape[c], axis=c)
+  return (q.astype(jnp.float32) * full).astype(dtype)
 
 
-def _quantize_dict(tree: dict, prefix: str) -> dict:
+def _targets(tree: dict, prefix: str = ""):
+  """-> (path, leaf, channel axis) of every float leaf int8 decoding quantizes."""
+  for name, value in tree.items():
+    path = f"{prefix}/{name}" if prefix else name
+    if isinstance(value, dict):
+      yield from _targets(value, path)
+    elif getattr(value, "dtype", None) == jnp.int8 or getattr(value, "ndim", 0) != 2:
+      continue
+    elif _DENSE.search(path):
+      yield path, value, 1
+    elif _EMBEDDING.search(path):
+      yield path, value, 0
+
+
+def check_group(params, group: int) -> None:
+  """QuantizeError (one line, naming a G that fits) unless `group` divides the contracted width
+  of every tensor int8 decoding quantizes in params."""
+  widths = {path: (v.shape[1 - axis], tuple(v.shape)) for path, v, axis in _targets(params)}
+  common = math.gcd(*(w for w, _ in widths.values())) if widths else group
+  for path, (width, shape) in widths.items():
+    if width % group:
+      fit = max((d for d in range(1, min(group, common) + 1) if common % d == 0), default=1)
+      raise QuantizeError(
+          f"quantize int8:{group}: G={group} does not divide {width}, the contracted width of "
+          f"{path} {list(shape)}; use a G that divides {common}, e.g. int8:{fit}.")
+
+
+def _quantize_dict(tree: dict, prefix: str, group: int | None) -> dict:
   out = {}
   for name, value in tree.items():
     path = f"{prefix}/{name}" if prefix else name
     if isinstance(value, dict):
-      out[name] = _quantize_dict(value, path)
+      out[name] = _quantize_dict(value, path, group)
     elif getattr(value, "dtype", None) == jnp.int8:        # already quantized
       out[name] = value
     elif _DENSE.search(path) and value.ndim == 2:
-      out[name], out[KERNEL_SCALE] = _quantize_jit(value, 1)
+      out[name], out[KERNEL_SCALE] = _quantize_jit(value, 1, group)
     elif _EMBEDDING.search(path) and value.ndim == 2:
-      out[name], out[EMBEDDING_SCALE] = _quantize_jit(value, 0)
+      out[name], out[EMBEDDING_SCALE] = _quantize_jit(value, 0, group)
     elif name not in out:
       out[name] = value
   return out
 
 
-def quantize_params(params, cfg=None) -> dict:
+def quantize_params(params, cfg=None, group: int | None = None) -> dict:
   """Float params of a HAMburger or Llama model -> the same tree with the decoding matrices int8
   plus their scales (see the module docstring); other leaves are the same arrays. Idempotent.
-  cfg (HamburgerConfig or LlamaConfig), if given, checks the embedding's shape."""
+  group: None = per-channel scales, G = "int8:G" (QuantizeError, before any work, if G does not
+  divide a contracted width). cfg (HamburgerConfig or LlamaConfig), if given, checks the
+  embedding's shape."""
   params = flax.core.unfreeze(params)
   if cfg is not None:
     llama = getattr(cfg, "base", cfg)
@@ -127,13 +204,17 @@ def quantize_params(params, cfg=None) -> dict:
     if table is not None and tuple(table.shape) != (llama.vocab_size, llama.hidden_size):
       raise ValueError(f"The embedding is {tuple(table.shape)}, the config says "
                        f"{(llama.vocab_size, llama.hidden_size)}.")
-  return _quantize_dict(params, "")
+  if group is not None:
+    check_group(params, group)
+  return _quantize_dict(params, "", group)
 
 
 def apply_mode(params, cfg, mode: str | None):
-  """params quantized as `mode` says ("int8"; None / "none": unchanged); ValueError for another
-  mode (see `parse_mode`)."""
-  return params if parse_mode(mode) is None else quantize_params(params, cfg)
+  """params quantized as `mode` says ("int8", "int8:G"; None / "none": unchanged);
+  QuantizeError for another mode (see `parse_mode`) or a G the widths refuse."""
+  if parse_mode(mode) is None:
+    return params
+  return quantize_params(params, cfg, group_size(mode))
 
 
 def is_quantized(params) -> bool:
@@ -142,27 +223,49 @@ def is_quantized(params) -> bool:
 
 
 def weight_bytes(params) -> int:
-  """Bytes of every array in `params` (int8 weights count 1 byte each)."""
+  """Bytes of every array in `params`, scales included (int8 weights count 1 byte each)."""
   return sum(int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(params))
 
 
 def head_rows(base_params, rows, tied: bool, dtype):
-  """The LM head's rows [R, D] in `dtype` for token ids rows [R] (float or int8 params)."""
+  """The LM head's rows [R, D] in `dtype` for token ids rows [R] (float or int8 params, scales
+  per channel or grouped)."""
   if tied:
     embed = base_params["embed_tokens"]
     table = jnp.take(jnp.asarray(embed["embedding"]), rows, axis=0)
     scale = embed.get(EMBEDDING_SCALE)
+    scale = None if scale is None else jnp.take(scale, rows, axis=0)          # [R] or [R, n]
   else:                                                     # lm_head kernel [D, V]
     head = base_params["lm_head"]
     table = jnp.take(jnp.asarray(head["kernel"]), rows, axis=1).T
     scale = head.get(KERNEL_SCALE)
+    scale = None if scale is None else jnp.take(scale, rows, axis=-1).T       # [R] or [R, n]
   if scale is None:
     return table.astype(dtype)
-  return dequantize(table, jnp.take(scale, rows), axis=0, dtype=dtype)
+  return dequantize(table, scale, axis=0, dtype=dtype)
+
+
+def grouped_logits(hidden, table, scale, dtype):
+  """hidden [..., D], int8 table [V, D], scale [V, n] (groups of G = D / n along D) -> logits
+  [..., V] float32 = sum over groups g of (hidden_g @ table_g.T) * scale[:, g]; one group's
+  slice of the table is converted to `dtype` at a time."""
+  n = scale.shape[-1]
+  g_size = table.shape[-1] // n
+  h = hidden.astype(dtype)
+
+  def add_group(g, acc):
+    h_g = jax.lax.dynamic_slice_in_dim(h, g * g_size, g_size, axis=h.ndim - 1)
+    t_g = jax.lax.dynamic_slice_in_dim(table, g * g_size, g_size, axis=1).astype(dtype)
+    s_g = jax.lax.dynamic_index_in_dim(scale, g, axis=1, keepdims=False)
+    return acc + jnp.dot(h_g, t_g.T, preferred_element_type=jnp.float32) * s_g
+
+  return jax.lax.fori_loop(0, n, add_group, jnp.zeros(h.shape[:-1] + table.shape[:1],
+                                                      jnp.float32))
 
 
 class Dense(nn.Dense):
-  """nn.Dense that also reads an int8 kernel [in, out] with its "kernel_scale" [out]."""
+  """nn.Dense that also reads an int8 kernel [in, out] with its "kernel_scale": [out] (per
+  channel) or [in/G, out] (groups of G inputs)."""
 
   @nn.compact
   def __call__(self, inputs):
@@ -172,7 +275,13 @@ class Dense(nn.Dense):
                         self.param_dtype)
     scale = self.get_variable("params", KERNEL_SCALE)
     x = inputs.astype(self.dtype)
-    y = jnp.dot(x, kernel.astype(self.dtype)) * scale.astype(self.dtype)
+    if scale.ndim == 1:
+      y = jnp.dot(x, kernel.astype(self.dtype)) * scale.astype(self.dtype)
+    else:                                                   # x [.., n, G], kernel [n, G, out]
+      n = scale.shape[0]
+      parts = jnp.einsum("...ng,ngo->...no", x.reshape(x.shape[:-1] + (n, -1)),
+                         kernel.astype(self.dtype).reshape(n, -1, self.features))
+      y = jnp.sum(parts * scale.astype(self.dtype), axis=-2)
     if self.use_bias:
       y = y + self.param("bias", self.bias_init, (self.features,), self.param_dtype).astype(
           self.dtype)
@@ -180,12 +289,18 @@ class Dense(nn.Dense):
 
 
 class Embed(nn.Embed):
-  """nn.Embed that also reads an int8 table [V, D] with its "embedding_scale" [V]."""
+  """nn.Embed that also reads an int8 table [V, D] with its "embedding_scale": [V] (per row) or
+  [V, D/G] (per row and group of G)."""
 
   def _scale(self):
     if self.has_variable("params", EMBEDDING_SCALE):
       return self.get_variable("params", EMBEDDING_SCALE)
     return None
+
+  def is_grouped(self) -> bool:
+    """Whether the table is int8 with group-wise scales [V, D/G]."""
+    scale = self._scale()
+    return scale is not None and scale.ndim == 2
 
   def __call__(self, inputs):
     """tokens [...] int -> [..., D]."""
@@ -193,19 +308,26 @@ class Embed(nn.Embed):
     if scale is None:
       return super().__call__(inputs)
     rows = jnp.take(self.embedding, inputs, axis=0).astype(self.dtype)
-    return rows * jnp.take(scale, inputs, axis=0)[..., None].astype(self.dtype)
+    scale = jnp.take(scale, inputs, axis=0).astype(self.dtype)          # [...] or [..., n]
+    if scale.ndim == rows.ndim - 1:
+      return rows * scale[..., None]
+    grouped = rows.reshape(rows.shape[:-1] + (scale.shape[-1], -1)) * scale[..., None]
+    return grouped.reshape(rows.shape)
 
   def attend(self, query):
     """query [..., D] -> [..., V] (the tied LM head)."""
     scale = self._scale()
     if scale is None:
       return super().attend(query)
+    if scale.ndim == 2:
+      return grouped_logits(query, self.embedding, scale, self.dtype)
     out = jnp.dot(query.astype(self.dtype), self.embedding.astype(self.dtype).T)
     return out * scale.astype(self.dtype)
 
   def head_table(self, dtype):
     """-> (table [V, D] in dtype, per-row scale [V] float32 or None): logits = (h @ table.T) *
-    scale; the int8 -> dtype convert is left to fuse into the product."""
+    scale; the int8 -> dtype convert is left to fuse into the product. Not for grouped scales
+    (`is_grouped`: `attend` sums the groups' partial products)."""
     return self.embedding.astype(dtype), self._scale()
 
 

@@ -22,13 +22,13 @@ import sys
 from typing import Sequence
 
 from hamburger_jax.convert import CheckpointError
-from hamburger_jax.decode.checkpoint import (check_quantize, checkpoint_dir, code_fence_ids,
-                                             load_verify_drafter, open_checkpoint, resolve_knobs)
+from hamburger_jax.decode.checkpoint import (apply_quantize, check_quantize, checkpoint_dir,
+                                             code_fence_ids, load_verify_drafter, open_checkpoint,
+                                             resolve_knobs)
 from hamburger_jax.decode.prompts import UsageError
 from hamburger_jax.decode import verify
 from hamburger_jax.decode.mesh import make_decode_mesh, parse_mesh
 from hamburger_jax.decode.sampler import DecodeInputError
-from hamburger_jax.model import quantize as quantize_lib
 from hamburger_jax.model.config import HamburgerConfig
 from hamburger_jax.serve import app as app_limits
 from hamburger_jax.serve import engines
@@ -95,8 +95,9 @@ class ServeArgs:
       False, "run merged and verified decoding side by side, each request choosing with "
              "'verify': true|false (--verify: the default); one copy of the base weights, twice "
              "the KV buffers and the compile time")
-  quantize: str = _flag("none", "weights decoding reads: 'none' (as stored) or 'int8' (int8 with "
-                                "per-channel scales, quantized once at load)")
+  quantize: str = _flag("none", "weights decoding reads: 'none' (as stored), 'int8' (int8 with "
+                                "per-channel scales) or 'int8:G' (a scale per group of G inputs, "
+                                "e.g. int8:64), quantized once at load")
   mesh: str = _flag("", "decode one model over a device mesh, e.g. 'tensor=4' or "
                         "'data=2,tensor=4' (their product = the devices; '' = one device)")
   max_body_bytes: int = _flag(app_limits.MAX_BODY_BYTES, "largest request body (413 above it)")
@@ -202,8 +203,8 @@ def mode_router(a: ServeArgs, d, make) -> engines.ModeRouter:
     raise UsageError("--verify_requests needs a HAMburger checkpoint: this one decodes with its "
                      "base model alone (no drafts to verify).")
   micro = load_verify_drafter(checkpoint_dir(a.ckpt), d.params)["micro_decoder"]
-  merged = make(quantize_lib.apply_mode(d.params, d.config, a.quantize), verify=False)
-  micro = quantize_lib.apply_mode({"micro_decoder": micro}, None, a.quantize)["micro_decoder"]
+  merged = make(apply_quantize(d.params, d.config, a.quantize), verify=False)
+  micro = apply_quantize({"micro_decoder": micro}, None, a.quantize)["micro_decoder"]
   verified = make({**merged.params, "micro_decoder": micro}, verify=True)
   if a.warmup:
     for engine in (merged, verified):

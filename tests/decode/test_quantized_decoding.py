@@ -1,6 +1,6 @@
-"""int8 weight-only decoding (`Sampler(quantize="int8")`, `decode.py --quantize int8`): the loop
-reads int8 weights, decodes what its own model says, stays near the float model's greedy tokens,
-and knobs do not recompile."""
+"""int8 weight-only decoding (`Sampler(quantize="int8")`, `decode.py --quantize int8|int8:G`): the
+loop reads int8 weights, decodes what its own model says, stays near the float model's greedy
+tokens, and knobs do not recompile."""
 
 import io
 import json
@@ -82,27 +82,38 @@ def test_draft_rows_come_from_int8_weights():
 
 def test_a_bad_mode_is_one_clear_error(tmp_path):
   cfg, params = small_model(0)
-  with pytest.raises(DecodeInputError, match="quantize must be one of none, int8, got 'int4'"):
+  with pytest.raises(DecodeInputError, match="quantize must be one of none, int8, int8:G .*, got "
+                                             "'int4'"):
     Sampler(cfg, params, cache_length=8, quantize="int4")
   err = io.StringIO()
   code = run(DecodeArgs(ckpt=str(tmp_path), prompt="1,2", token_ids=True, quantize="fp8"),
              stdout=io.StringIO(), stderr=err)
   assert code == 2
-  assert err.getvalue() == "error: --quantize must be one of none, int8, got 'fp8'.\n"
-  with pytest.raises(UsageError, match="--quantize must be one of none, int8, got 'int4'"):
+  assert err.getvalue() == ("error: --quantize must be one of none, int8, int8:G (G: a group size "
+                            "along the input width, e.g. int8:64), got 'fp8'.\n")
+  with pytest.raises(UsageError, match="--quantize must be one of none, int8, int8:G .*, got "
+                                       "'int4'"):
     serve_cli.check_args(serve_cli.parse_args(["--ckpt", str(tmp_path), "--quantize", "int4"]))
   serve_cli.check_args(serve_cli.parse_args(["--ckpt", str(tmp_path), "--quantize", "int8"]))
+  serve_cli.check_args(serve_cli.parse_args(["--ckpt", str(tmp_path), "--quantize", "int8:64"]))
 
 
 @pytest.mark.slow
 def test_cli_decodes_with_int8_weights(tmp_path):
   path = make_tiny_checkpoint(str(tmp_path / "tiny"))
   outputs = {}
-  for mode in ("none", "int8"):
+  for mode in ("none", "int8", "int8:16"):
     out = io.StringIO()
     code = run(DecodeArgs(ckpt=path, prompt="1,5,7", token_ids=True,
                           json=True, max_new_tokens=8, quantize=mode),
                stdout=out, stderr=io.StringIO())
     assert code == 0
     outputs[mode] = json.loads(out.getvalue())["outputs"][0]["tokens"]
-  assert len(outputs["int8"]) == 8 and outputs["int8"][0] == outputs["none"][0]
+  for mode in ("int8", "int8:16"):
+    assert len(outputs[mode]) == 8 and outputs[mode][0] == outputs["none"][0]
+  err = io.StringIO()
+  code = run(DecodeArgs(ckpt=path, prompt="1,5,7", token_ids=True, quantize="int8:24"),
+             stdout=io.StringIO(), stderr=err)
+  assert code == 2 and err.getvalue().count("\n") == 1
+  assert err.getvalue().startswith("error: --quantize int8:24: G=24 does not divide 64, ")
+  assert err.getvalue().endswith("use a G that divides 64, e.g. int8:16.\n")

@@ -58,6 +58,42 @@ def test_quality_rejects_a_negative_batch_size(capsys):
   assert "--batch_size must be >= 0" in capsys.readouterr().err
 
 
+def test_quality_rejects_a_bad_weight_list(capsys):
+  from benchmarks.speed import quantized  # pylint: disable=g-import-not-at-top
+  assert quantized.parse_modes("int8, int8:64,bf16") == ["int8", "int8:64", "bf16"]
+  assert quantized.out_name(["int8"]) == "quantized.json"
+  assert quantized.out_name(["int8", "bf16"]) == "quantized_groups.json"
+  for bad, message in (("int8,fp8", "got 'fp8'"), ("int8,int8", "each weight set once"),
+                       ("int8:0", "got 'int8:0'")):
+    with pytest.raises(SystemExit):
+      quality.main(["--quantize", bad])
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_weight_formats_measured_side_by_side():
+  import jax  # pylint: disable=g-import-not-at-top
+  from benchmarks.speed import quantized  # pylint: disable=g-import-not-at-top
+  from hamburger_jax.model import quantize  # pylint: disable=g-import-not-at-top
+  from hamburger_jax.model.config import LlamaConfig  # pylint: disable=g-import-not-at-top
+  from hamburger_jax.model.llama import init_llama_params  # pylint: disable=g-import-not-at-top
+  cfg = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_layers=1,
+                    num_heads=4, num_kv_heads=2, head_dim=8)
+  params = init_llama_params(cfg, jax.random.PRNGKey(0))
+  prompts = [np.random.default_rng(i).integers(3, 96, 6).tolist() for i in range(3)]
+  result = quantized.measure(cfg, params, prompts, 8, 2, ["int8", "int8:8", "bf16"])
+  rows = {r["weights"]: r for r in result["rows"]}
+  assert list(rows) == ["float32", "int8", "int8:8", "bf16-rounded"]
+  assert rows["float32"]["top_token_agreement"] == rows["float32"]["greedy_agreement"] == 1.0
+  assert rows["int8:8"]["weight_bytes"] > rows["int8"]["weight_bytes"]        # more scales
+  assert rows["bf16-rounded"]["weight_bytes"] == quantize.weight_bytes(params) // 2
+  for row in list(rows.values())[1:]:
+    assert abs(row["nll_ratio"] - 1) < 0.01 and 0 <= row["top_token_agreement"] <= 1
+  assert "| int8:8 |" in quantized.format_table(result)
+  with pytest.raises(quantize.QuantizeError, match="G=5 does not divide 32"):
+    quantized.measure(cfg, params, prompts, 8, 2, ["int8:5"])
+
+
 @pytest.mark.parametrize("flag, message", [
     ("--batch_sizes=8,x", "--batch_sizes=8,x: a comma-separated list of positive integers"),
     ("--lengths=0", "--lengths=0: a comma-separated list of positive integers"),
@@ -195,3 +231,11 @@ def test_decode_speed_verify_engine_refuses_flags_of_other_engines(capsys):
   with pytest.raises(SystemExit):
     decode_speed.parse_args(["--engine", "verify", "--policies", "all"])
   assert "--policies" in capsys.readouterr().err
+
+
+def test_tpu_plan_checks_the_quantize_mode(capsys):
+  from benchmarks import tpu_plan  # pylint: disable=g-import-not-at-top
+  for bad in ("fp8", "int8:0"):
+    with pytest.raises(SystemExit):
+      tpu_plan.main(["--train", "none", "--quantize", bad])
+    assert f"got '{bad}'" in capsys.readouterr().err

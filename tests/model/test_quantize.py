@@ -1,5 +1,5 @@
-"""int8 weights (`hamburger_jax.model.quantize`): the round trip, which tensors are quantized, and
-the quantized model's outputs next to the float model's."""
+"""int8 weights (`hamburger_jax.model.quantize`): the round trip, which tensors are quantized, the
+quantized model's outputs next to the float model's, and group-wise scales ("int8:G")."""
 
 import dataclasses
 
@@ -109,9 +109,188 @@ def test_untied_head_and_its_rows():
 def test_modes_and_the_shape_check(model):
   cfg, params = model
   assert q.parse_mode(None) is None and q.parse_mode("none") is None
-  assert q.parse_mode("int8") == "int8"
-  with pytest.raises(ValueError, match="quantize must be one of none, int8, got 'int4'"):
-    q.parse_mode("int4")
+  assert q.parse_mode("int8") == "int8" and q.parse_mode("int8:64") == "int8:64"
+  assert q.group_size("int8:64") == 64 and q.group_size("int8") is None
+  for bad in ("int4", "int8:0", "int8:", "int8:x", "int8:-2"):
+    with pytest.raises(q.QuantizeError, match=f"quantize must be one of none, int8, int8:G "
+                                              rf"\(G: .*\), got '{bad}'"):
+      q.parse_mode(bad)
   assert q.apply_mode(params, cfg, "none") is params
   with pytest.raises(ValueError, match="embedding"):
     q.quantize_params(params, dataclasses.replace(cfg.base, vocab_size=7))
+
+
+# Group-wise scales ("int8:G").
+
+def _per_channel_reference(w, axis):
+  """The per-channel search written out for a 2-D w: (int8 q, float32 scale [w.shape[axis]])."""
+  w = jnp.asarray(w, jnp.float32)
+  amax = jnp.max(jnp.abs(w), axis=1 - axis, keepdims=True)
+  errs, qs, scales = [], [], []
+  for ratio in q.CLIP_RATIOS:
+    scale = jnp.where(amax > 0, amax * ratio / q.INT8_MAX, 1.0)
+    qw = jnp.clip(jnp.round(w / scale), -q.INT8_MAX, q.INT8_MAX)
+    errs.append(jnp.sum(jnp.square(qw * scale - w), axis=1 - axis, keepdims=True))
+    qs.append(qw)
+    scales.append(scale)
+  pick = np.zeros(np.shape(errs[0]), int)                 # the first ratio of least error
+  best = np.asarray(errs[0])
+  for i, err in enumerate(errs[1:], 1):
+    pick = np.where(np.asarray(err) < best, i, pick)
+    best = np.minimum(best, np.asarray(err))
+  qw = np.choose(np.broadcast_to(pick, w.shape), [np.asarray(x) for x in qs])
+  scale = np.choose(pick, [np.asarray(x) for x in scales])
+  return qw.astype(np.int8), scale.reshape(-1).astype(np.float32)
+
+
+def _dequantized(tree):
+  """A quantized params tree -> float params holding the dequantized weights (no scales)."""
+  out = {}
+  for name, value in tree.items():
+    if isinstance(value, dict):
+      out[name] = _dequantized(value)
+    elif name in (q.KERNEL_SCALE, q.EMBEDDING_SCALE):
+      continue
+    elif name == "kernel" and q.KERNEL_SCALE in tree:
+      out[name] = q.dequantize(value, tree[q.KERNEL_SCALE], axis=1)
+    elif name == "embedding" and q.EMBEDDING_SCALE in tree:
+      out[name] = q.dequantize(value, tree[q.EMBEDDING_SCALE], axis=0)
+    else:
+      out[name] = value
+  return out
+
+
+def test_grouped_round_trip_error_is_bounded():
+  w = np.random.default_rng(1).standard_t(3, size=(48, 24)).astype(np.float32)  # heavy tails
+  w[8:16, 5] = 0.0                              # an all-zero group of a kernel's channel
+  for axis, scale_shape in ((1, (6, 24)), (0, (48, 3))):   # kernel [in, out], embedding [V, D]
+    qw, scale = q.quantize_array(w, axis=axis, group=8)
+    assert qw.dtype == jnp.int8 and qw.shape == w.shape and scale.shape == scale_shape
+    assert scale.dtype == jnp.float32
+    back = np.asarray(q.dequantize(qw, scale, axis=axis))
+    s = np.repeat(np.asarray(scale), 8, axis=1 - axis)      # each weight's own scale
+    inside = np.abs(w) <= q.INT8_MAX * s
+    assert inside.mean() > 0.9
+    assert np.all(np.abs(back - w)[inside] <= s[inside] / 2 + 1e-7)
+    per_channel = np.asarray(q.dequantize(*q.quantize_array(w, axis=axis), axis=axis))
+    assert np.square(back - w).sum() < np.square(per_channel - w).sum()   # finer scales
+  qw, scale = q.quantize_array(w, axis=1, group=8)
+  assert np.all(np.asarray(qw)[8:16, 5] == 0) and float(scale[1, 5]) == 1.0
+
+
+def test_plain_int8_is_per_channel_as_before(model):
+  w = np.random.default_rng(2).standard_t(3, size=(64, 40)).astype(np.float32)
+  for axis in (1, 0):
+    qw, scale = q.quantize_array(w, axis=axis)
+    want_q, want_scale = _per_channel_reference(w, axis)
+    np.testing.assert_array_equal(np.asarray(qw), want_q)
+    np.testing.assert_array_equal(np.asarray(scale), want_scale)
+  cfg, params = model
+  plain = q.apply_mode(params, cfg, "int8")
+  again = q.quantize_params(params, cfg)
+  assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(again)))
+  kernel = params["base"]["layers_0"]["mlp"]["down_proj"]["kernel"]
+  np.testing.assert_array_equal(plain["base"]["layers_0"]["mlp"]["down_proj"]["kernel"],
+                                q.quantize_array(kernel, 1)[0])
+  assert all(x.ndim == 1 for p, x in jax.tree_util.tree_flatten_with_path(plain)[0]
+             if jax.tree_util.keystr(p).endswith("_scale']"))
+
+
+def test_grouped_params_layout_bytes_and_a_bad_group(model):
+  cfg, params = model
+  grouped = q.apply_mode(params, cfg, "int8:16")
+  assert _paths(grouped, jnp.int8) == _paths(q.quantize_params(params, cfg), jnp.int8)
+  down = grouped["base"]["layers_0"]["mlp"]["down_proj"]
+  assert down["kernel"].shape == (128, 64) and down["kernel_scale"].shape == (8, 64)
+  assert grouped["base"]["embed_tokens"]["embedding_scale"].shape == (256, 4)
+  scales = sum(x.size * 4 for p, x in jax.tree_util.tree_flatten_with_path(grouped)[0]
+               if jax.tree_util.keystr(p).endswith("_scale']") and x.ndim == 2)
+  plain = q.quantize_params(params, cfg)
+  plain_scales = sum(x.size * 4 for p, x in jax.tree_util.tree_flatten_with_path(plain)[0]
+                     if jax.tree_util.keystr(p).endswith("_scale']") and x.ndim == 1)
+  assert q.weight_bytes(grouped) - q.weight_bytes(plain) == scales - plain_scales > 0
+  again = q.apply_mode(grouped, cfg, "int8:16")                    # idempotent
+  assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(again), jax.tree.leaves(grouped)))
+  with pytest.raises(q.QuantizeError, match=r"^quantize int8:48: G=48 does not divide 64, the "
+                     r"contracted width of base/embed_tokens/embedding \[256, 64\]; use a G that "
+                     r"divides 64, e.g. int8:32\.$"):
+    q.apply_mode(params, cfg, "int8:48")
+
+
+def test_grouped_dense_is_the_dequantized_float_dense():
+  rng = np.random.default_rng(3)
+  kernel = rng.standard_normal((32, 24)).astype(np.float32)
+  x = rng.standard_normal((2, 5, 32)).astype(np.float32)
+  bias = rng.standard_normal(24).astype(np.float32)
+  qk, scale = q.quantize_array(kernel, axis=1, group=8)
+  assert scale.shape == (4, 24)
+  dense = q.Dense(24, use_bias=True)
+  got = dense.apply({"params": {"kernel": qk, "kernel_scale": scale, "bias": bias}}, x)
+  want = dense.apply({"params": {"kernel": q.dequantize(qk, scale, axis=1), "bias": bias}}, x)
+  assert got.shape == (2, 5, 24)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_grouped_embedding_lookup_and_head():
+  rng = np.random.default_rng(4)
+  table = rng.standard_normal((40, 32)).astype(np.float32)
+  qt, scale = q.quantize_array(table, axis=0, group=8)
+  assert scale.shape == (40, 4)
+  deq = q.dequantize(qt, scale, axis=0)
+  embed = q.Embed(40, 32)
+  grouped = {"params": {"embedding": qt, "embedding_scale": scale}}
+  tokens = jnp.array([[0, 7, 39], [3, 3, 1]])
+  np.testing.assert_array_equal(embed.apply(grouped, tokens), jnp.take(deq, tokens, axis=0))
+  h = rng.standard_normal((2, 3, 32)).astype(np.float32)
+  got = embed.apply(grouped, h, method=q.Embed.attend)
+  np.testing.assert_allclose(got, h @ np.asarray(deq).T, rtol=1e-5, atol=1e-5)
+  rows = jnp.array([0, 5, 39])
+  base = {"embed_tokens": {"embedding": qt, "embedding_scale": scale}}
+  np.testing.assert_array_equal(q.head_rows(base, rows, tied=True, dtype=jnp.float32),
+                                deq[np.asarray(rows)])
+  kernel_q, kernel_scale = q.quantize_array(table.T, axis=1, group=8)     # untied [D, V]
+  untied = {"lm_head": {"kernel": kernel_q, "kernel_scale": kernel_scale}}
+  np.testing.assert_array_equal(q.head_rows(untied, rows, tied=False, dtype=jnp.float32),
+                                q.dequantize(kernel_q, kernel_scale, axis=1).T[np.asarray(rows)])
+
+
+def test_grouped_llama_logits_match_the_dequantized_model():
+  cfg = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_layers=1,
+                    num_heads=4, num_kv_heads=2, head_dim=8)
+  params = init_llama_params(cfg, jax.random.PRNGKey(0))
+  grouped = q.apply_mode(params, cfg, "int8:8")
+  deq = _dequantized(grouped)
+  tokens = jnp.arange(12, dtype=jnp.int32).reshape(2, 6)
+  model = LlamaModel(cfg)
+  out = model.apply({"params": grouped}, tokens)
+  ref = model.apply({"params": deq}, tokens)
+  np.testing.assert_allclose(out.logits, ref.logits, rtol=1e-4, atol=1e-5)
+  hidden = out.hidden[:, -1]                                    # the decoding head, [R, D]
+  logits = lambda p: model.apply({"params": p}, hidden, decoding=True, method=LlamaModel.logits)
+  np.testing.assert_allclose(logits(grouped), logits(deq), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_grouped_decoding_compiles_once_and_is_the_dequantized_models():
+  # pylint: disable=g-import-not-at-top
+  from hamburger_jax.decode import loop as lp
+  from hamburger_jax.decode.sampler import DecodeInputError, Sampler
+  cfg = tiny_config(2)
+  params = random_params(cfg, seed=0)
+  prompts = [np.random.default_rng(i).integers(0, 256, 5).tolist() for i in range(3)]
+  kw = dict(cache_length=32, out_length=32)
+  sampler = Sampler(cfg, params, quantize="int8:16", **kw)
+  assert sampler.params["base"]["embed_tokens"]["embedding_scale"].shape == (256, 4)
+  first = sampler.decode(prompts, max_new_tokens=12)
+  traces = dict(lp.TRACE_COUNTS)
+  again = sampler.decode(prompts, max_new_tokens=12, confidence=0.5, temperature=0.0, seed=3)
+  assert dict(lp.TRACE_COUNTS) == traces and again.compile_s == 0.0
+  floats = Sampler(cfg, _dequantized(q.apply_mode(params, cfg, "int8:16")), **kw)
+  assert not q.is_quantized(floats.params)
+  assert first.tokens == floats.decode(prompts, max_new_tokens=12).tokens
+  base = Sampler(cfg, params, base=True, quantize="int8:16", **kw)
+  base_floats = Sampler(cfg, _dequantized(q.apply_mode(params, cfg, "int8:16")), base=True, **kw)
+  assert (base.decode(prompts, max_new_tokens=12).tokens
+          == base_floats.decode(prompts, max_new_tokens=12).tokens)
+  with pytest.raises(DecodeInputError, match="G=24 does not divide 64"):
+    Sampler(cfg, params, quantize="int8:24", **kw)
