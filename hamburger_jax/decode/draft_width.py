@@ -27,7 +27,7 @@ import numpy as np
 # size: the shipped HAMburger-SmolLM2 on the 2-core CPU of docs/results/quality.md (float32,
 # 200 KV slots filled; `python -m benchmarks.step_costs --what verify_widths`).
 CPU_WIDTHS = (1, 2, 4)
-CPU_COSTS = {1: (1.0, 1.25, 1.47), 8: (1.0, 1.21, 1.53), 32: (1.0, 1.22, 1.58)}
+CPU_COSTS = {1: (1.0, 1.19, 1.40), 8: (1.0, 1.21, 1.53), 32: (1.0, 1.22, 1.86)}
 
 
 def enabled(engine) -> bool:
