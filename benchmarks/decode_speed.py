@@ -54,7 +54,7 @@ GROUPS = {            # flags that apply to one measurement only (dest: default)
                 "length_spread": 0.0, "draft_vocabs": "shipped", "compare_compact": 0,
                 "code_fences": 1},
     "verify": {"prompt_sets": "both,code", "draft_confidences": "0.001,0.3,0.5",
-               "verify_prompts": 24, "verify_batching": "static", "width_rules": "on"},
+               "verify_prompts": 24, "verify_batching": "static", "width_rules": "off"},
 }
 DEFAULTS = {"sampler": dict(batch_sizes="1,8", out=("step_costs", "decode_speed.json")),
             "micro_layers": dict(max_new_tokens=128, out=("step_costs", "micro_layers.json")),

@@ -109,7 +109,7 @@ class ContinuousBatcher:
   draft_vocab: token ids [K] that drafts choose from (`decode/draft_vocab.py`); None: all.
   verify: verified decoding (`decode/verify.py`): every answer is the base's own.
   draft_width_rule: verified steps send only the drafts worth their width (`draft_width`; None:
-  on CPU).
+  off).
   mesh: a jax Mesh to decode on (`decode/mesh.py`: params, KV buffers and slots sharded).
   """
 

@@ -14,12 +14,16 @@ head is trained for exactly that: `train/drafter.py`). The rule picks the width
 min(k_r, w* - 1) drafts; the others are dropped unverified. With equal costs it keeps every
 draft (the widest width never buys fewer expected tokens).
 
+Off unless asked for (`Sampler(.., draft_width_rule=True)`): on the shipped model and this CPU it
+sent fewer drafts for no gain, 1.22x / 1.24x the base with / without it at batch 1, 0.97x /
+0.96x at batch 8 (docs/results/quality.md): the costs above leave out the step's fixed work
+(drafting, bookkeeping), which makes wide forwards look dearer than they are.
+
     num_drafts = choose(num_drafts, accept, active, widths, costs(batch, widths))
 """
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -31,9 +35,8 @@ CPU_COSTS = {1: (1.0, 1.19, 1.40), 8: (1.0, 1.21, 1.53), 32: (1.0, 1.22, 1.86)}
 
 
 def enabled(engine) -> bool:
-  """`engine.draft_width_rule` None: on for CPU backends (where widths cost more), else off."""
-  rule = engine.draft_width_rule
-  return jax.default_backend() == "cpu" if rule is None else rule
+  """`engine.draft_width_rule` (None: off; see the module docstring)."""
+  return bool(engine.draft_width_rule)
 
 
 def costs(batch: int, widths) -> tuple[float, ...]:

@@ -50,7 +50,7 @@ class DecodeEngine:
   verify: bool = False
   # A jax Mesh to decode on (`decode/mesh.py`), or None: one device.
   mesh: Any = None
-  # Verified steps send only the drafts worth their width's cost (`draft_width`); None: on CPU.
+  # Verified steps send only the drafts worth their width's cost (`draft_width`; None: off).
   draft_width_rule: bool | None = None
 
   @property

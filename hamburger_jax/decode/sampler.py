@@ -51,7 +51,7 @@ class Sampler:
   its next forward, so the answer is the base's own (greedy: token for token). A HAMburger model
   only; the KV buffer gets S - 1 spare slots (a forward writes S) so it holds as many tokens.
   draft_width_rule: a verified step sends only the drafts worth its forward width's cost
-  (`decode/draft_width.py`); None: on CPU.
+  (`decode/draft_width.py`); None: off.
   mesh: a jax Mesh (`decode.mesh.make_decode_mesh`) to decode on, params and KV buffers sharded
   (`decode/mesh.py`); None: one device.
   quantize: "int8" decodes with int8 weights (`model/quantize.py`, quantized once here; params

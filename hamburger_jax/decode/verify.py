@@ -15,8 +15,8 @@ The loop state is `DecodeState` with these meanings:
   draft_hidden [B, S, D] the micro decoder's outputs for d1..dk (their distributions q, sampling)
   draft_counts [B, 2, S] per draft index: drafts reached (proposed, every earlier one
                        accepted), drafts accepted
-  draft_accept [B, S]  the stop head's estimate that draft j is accepted given drafts < j (on
-                       CPU a step sends only the drafts worth their width: `draft_width`)
+  draft_accept [B, S]  the stop head's estimate that draft j is accepted given drafts < j (with
+                       `draft_width_rule` a step sends only the drafts worth their width)
 """
 
 from __future__ import annotations

@@ -170,8 +170,7 @@ def compile_decode_loop(cfg, device, batch: int, cache_length: int, prompt_len: 
   model = models[0]
   params = jax.eval_shape(lambda p: apply_mode(p, model.llama, quantize), params)
   grid = decode_mesh(mesh, device, model)
-  engine = lp.DecodeEngine(model, cache_length, cache_length, verify=verify, mesh=grid,
-                           draft_width_rule=False)      # a TPU's widths cost about the same
+  engine = lp.DecodeEngine(model, cache_length, cache_length, verify=verify, mesh=grid)
   knobs = ds.DecodeKnobs.make(batch, confidence=0.8, min_token_prob=0.0,
                               max_new_tokens=cache_length, max_group=engine.max_steps,
                               eos_ids=(), sampling=SamplingParams.greedy())

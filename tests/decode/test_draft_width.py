@@ -62,7 +62,7 @@ def _stop_head_says(params, continue_prob: float):
 
 def test_the_rule_keeps_the_base_answer_and_drops_unlikely_drafts():
   cfg, params = drafting_model()
-  params = _stop_head_says(params, 0.2)     # each draft estimated accepted 1 time in 5
+  params = _stop_head_says(params, 0.1)     # each draft estimated accepted 1 time in 10
   kw = dict(cache_length=CACHE_LENGTH, out_length=OUT_LENGTH, verify=True)
   base = Sampler(cfg, params, base=True, cache_length=CACHE_LENGTH, out_length=OUT_LENGTH)
   prompts = [[1, 5, 7], [3, 9, 11, 2, 4], [7], [8, 8, 8, 8]]
@@ -73,4 +73,5 @@ def test_the_rule_keeps_the_base_answer_and_drops_unlikely_drafts():
         prompts, max_new_tokens=20, confidence=0.001)
     assert got.tokens == want
     sent[rule] = np.sum(got.draft_counts[0])                 # drafts reached, all indices
-  assert sent[True] == 0 < sent[False]      # 1.2 expected tokens do not pay for width 2 (1.25)
+  # 1.1 expected tokens per row do not pay for width 2 (CPU_COSTS: 1.19x width 1), nor 1.11 for 4.
+  assert sent[True] == 0 < sent[False]
