@@ -62,8 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="int8: the base with int8 weights against float32 instead "
                            "(benchmarks/speed/quantized.py; writes quantized.json); a list such "
                            "as int8,int8:64,bf16 measures each (int8:G: a scale per group of G "
-                           "inputs; bf16: weights rounded to bfloat16) in one run and writes "
-                           "quantized_groups.json")
+                           "inputs; bf16: weights rounded to bfloat16; kv-int8: float32 "
+                           "weights, int8 KV buffers) in one run and writes "
+                           "quantized_groups.json (quantized_kv.json with kv-int8)")
   return parser
 
 

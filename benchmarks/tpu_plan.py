@@ -25,10 +25,12 @@ that step, bytes / HBM bandwidth (`step_ms_at_hbm_bw`; v5e 819 GB/s); XLA's byte
 read of the weights and the KV cache, whose time is the floor (`weights_kv_ms_at_hbm_bw`).
 Needs libtpu (requirements-test.txt).
 --explain: each decode step's bytes op by op, grouped (weights, KV cache, activations, copies)
-beside its floor, XLA's accounting and the HBM traffic alone (`benchmarks.tpu.step_bytes`).
+beside its floor, XLA's accounting and the HBM traffic alone (`benchmarks.tpu.step_bytes`); on
+a mesh both are one chip's (the floor: its shards of the weights and the KV cache).
 --draft_vocab K: HAMburger's and verified decoding's drafts choose from K ids
 (`decode/draft_vocab.py`), so a drafting micro step reads K rows of the LM head, not all.
 --micro_layers N: the micro decoder (drafter) has N layers instead of the preset's.
+--kv_cache int8: the KV buffers store int8 with a bfloat16 scale per head vector.
 Writes {"rows": [...], "provenance"} to --out after every entry (default
 docs/results/data/tpu/tpu_plan.json).
 """
@@ -121,12 +123,12 @@ def train_row(entry: str) -> dict:
 
 def decode_rows(entry: str, models=DECODE_MODELS, explain: bool = False, fill: int | None = None,
                 quantize: str = "none", draft_vocab: int = 0,
-                micro_layers: int | None = None) -> list[dict]:
+                micro_layers: int | None = None, kv_cache: str = "model") -> list[dict]:
   """explain: each row also gets "bytes", the step's byte attribution (`tpu.step_bytes`);
   quantize: "int8" / "int8:G" compiles the loops with int8 weights (`model/quantize.py`; G: a
   scale per group of G inputs); draft_vocab: K > 0
   = drafts choose from K ids (the base's rows have none); micro_layers: the micro decoder's
-  depth (None: the preset's)."""
+  depth (None: the preset's); kv_cache: what the KV buffers store ("model" or "int8")."""
   size, chip, shape, batch, slots, *mesh = entry.replace("@", ":").split(":")
   from hamburger_jax.model.config import get_preset
   cfg = get_preset(_DECODE_PRESETS[size], dtype="bfloat16", param_dtype="bfloat16")
@@ -136,13 +138,19 @@ def decode_rows(entry: str, models=DECODE_MODELS, explain: bool = False, fill: i
   rows = []
   for model in models:
     k = 0 if model == "base" else draft_vocab
-    inspect = (step_bytes.inspector(cfg, model, int(batch), int(slots), fill, draft_vocab=k)
-               if explain else None)
+    inspect = (step_bytes.inspector(cfg, model, int(batch), int(slots), fill, draft_vocab=k,
+                                    quantize=quantize, kv_cache=kv_cache) if explain else None)
     report = aot.compile_decode_loop(cfg, device, batch=int(batch), cache_length=int(slots),
                                      base=model == "base", verify=model == "verify",
                                      inspect=inspect, quantize=quantize,
-                                     mesh=mesh[0] if mesh else None, draft_vocab=k)
+                                     mesh=mesh[0] if mesh else None, draft_vocab=k,
+                                     kv_cache=kv_cache)
+    if mesh and "bytes" in report:         # XLA's bytes are one chip's: so is the floor
+      report["bytes"] = step_bytes.per_chip(
+          report["bytes"], report["param_gib_per_chip"] / report["param_gib"],
+          report["kv_cache_gib_per_chip"] / report["kv_cache_gib"])
     rows.append({"kind": "decode", "entry": entry, "model": model, "quantize": quantize,
+                 "kv_cache": kv_cache,
                  "draft_vocab": k, "micro_layers": cfg.num_micro_layers,
                  "batch": int(batch), "slots": int(slots), **report,
                  "step_ms_at_hbm_bw": report.get("bytes_accessed", 0.0)
@@ -173,6 +181,7 @@ def table(rows) -> str:
   for r in rows:
     int8 = f" {r['quantize']}" if r.get("quantize", "none") != "none" else ""
     int8 += f" draft vocab {r['draft_vocab']}" if r.get("draft_vocab") else ""
+    int8 += f" kv {r['kv_cache']}" if r.get("kv_cache", "model") != "model" else ""
     what = (f"train {r['entry']}" if r["kind"] == "train" else
             f"decode {r['model']}{int8} {r['entry']}")
     if not r["fits"]:
@@ -206,6 +215,8 @@ def main(argv=None):
                       "per group of G inputs; model/quantize.py)")
   p.add_argument("--draft_vocab", type=int, default=0,
                  help="decode: drafts choose from this many token ids (0: the whole vocabulary)")
+  p.add_argument("--kv_cache", default="model", choices=("model", "int8"),
+                 help="decode: what the KV buffers store (model/kv_cache.py)")
   p.add_argument("--micro_layers", type=int, default=None,
                  help="decode: the micro decoder's layers (default: the preset's)")
   args = p.parse_args(argv)
@@ -227,7 +238,7 @@ def main(argv=None):
 
   for entry in (e for e in args.decode if e != "none"):
     for row in decode_rows(entry, args.models, args.explain, args.fill, args.quantize,
-                           args.draft_vocab, args.micro_layers):
+                           args.draft_vocab, args.micro_layers, args.kv_cache):
       add(row)
   for entry in (e for e in args.train if e != "none"):
     add(train_row(entry))

@@ -26,7 +26,7 @@ from hamburger_jax.decode import loop as lp
 from hamburger_jax.decode import state as ds
 from hamburger_jax.decode.models import decode_model
 from hamburger_jax.decode.sampling import SamplingParams
-from hamburger_jax.model.attention import init_cache
+from hamburger_jax.model.kv_cache import init_cache
 from hamburger_jax.shipped import smollm2
 
 

@@ -18,7 +18,7 @@ import numpy as np
 from benchmarks.common import machine, markdown_table
 from hamburger_jax.decode.checkpoint import open_checkpoint
 from hamburger_jax.decode.models import decode_model
-from hamburger_jax.model.attention import init_cache
+from hamburger_jax.model.kv_cache import init_cache
 
 WIDTHS = (1, 2, 4)
 FILLED, CACHE_LENGTH = 200, 256

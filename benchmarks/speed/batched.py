@@ -38,7 +38,7 @@ from hamburger_jax.decode import compaction, draft_vocab, evaluation
 from hamburger_jax.decode.batching import ContinuousBatcher, Request
 from hamburger_jax.decode.models import decode_model
 from hamburger_jax.decode.sampler import Sampler
-from hamburger_jax.model.attention import init_cache
+from hamburger_jax.model.kv_cache import init_cache
 from hamburger_jax.shipped import smollm2
 from hamburger_jax.recipes.heldout import heldout_prompts
 

@@ -10,7 +10,9 @@ The base of `--ckpt smollm2` (SmolLM2-135M-Instruct) decodes the held-out prompt
 (hamburger_jax/recipes/heldout.py, chat template) greedily with its float32 weights and with each
 weight set --quantize lists (comma-separated): "int8" (per-channel scales), "int8:G" (a scale
 per group of G inputs; hamburger_jax/model/quantize.py) or "bf16" (every param rounded to
-bfloat16 and back to float32: what any 16-bit weight format keeps). Measured per weight set:
+bfloat16 and back to float32: what any 16-bit weight format keeps) or "kv-int8" (float32
+weights, int8 KV buffers: model/kv_cache.py; its teacher-forced figures come from a cached
+forward that reads the stored keys and values). Measured per weight set:
 - nll: the base's mean NLL per token of the reference answers (the float32 base's own greedy
   answers), teacher forced;
 - top_token_agreement: in the same forward (prompt + reference), the fraction of the reference
@@ -20,8 +22,9 @@ bfloat16 and back to float32: what any 16-bit weight format keeps). Measured per
 - tokens/s, the weight sets batch by batch interleaved (robust to a changing load), compile
   excluded (bf16 decodes float32 params holding bf16 values: float32's speed);
 - the weight bytes each decode step reads (bf16: the bfloat16 params' bytes).
-Writes quantized.json (--quantize int8) or quantized_groups.json (any other list), with
-provenance, to --out_dir (default docs/results/data/quality/).
+Writes quantized.json (--quantize int8), quantized_kv.json (a list with kv-int8) or
+quantized_groups.json (any other list), with provenance, to --out_dir (default
+docs/results/data/quality/).
 """
 
 import json
@@ -35,12 +38,15 @@ import numpy as np
 from benchmarks.common import machine, markdown_table, write_json
 from hamburger_jax.decode.sampler import Sampler
 from hamburger_jax.model import quantize
+from hamburger_jax.model.kv_cache import init_cache
+from hamburger_jax.model.llama import LlamaModel
 from hamburger_jax.model.scoring import Scorer
 from hamburger_jax.recipes.heldout import heldout_prompts
 from hamburger_jax.shipped import smollm2
 
 BF16 = "bf16"
 BF16_NAME = "bf16-rounded"
+KV_INT8 = "kv-int8"              # float32 weights, int8 KV buffers (model/kv_cache.py)
 
 
 def parse_modes(text: str) -> list[str]:
@@ -48,17 +54,20 @@ def parse_modes(text: str) -> list[str]:
   nor an int8 quantize mode."""
   modes = [m.strip() for m in text.split(",") if m.strip()]
   for mode in modes:
-    if mode != BF16 and quantize.parse_mode(mode) is None:
-      raise ValueError(f"--quantize lists weight sets beside float32: int8, int8:G or bf16, "
-                       f"got {mode!r}.")
+    if mode not in (BF16, KV_INT8) and quantize.parse_mode(mode) is None:
+      raise ValueError(f"--quantize lists weight sets beside float32: int8, int8:G, bf16 or "
+                       f"kv-int8, got {mode!r}.")
   if not modes or len(set(modes)) != len(modes):
     raise ValueError(f"--quantize: give each weight set once, got {text!r}.")
   return modes
 
 
 def out_name(modes) -> str:
-  """The JSON file a run writes: quantized.json for int8 alone, else quantized_groups.json."""
-  return "quantized.json" if list(modes) == ["int8"] else "quantized_groups.json"
+  """The JSON file a run writes: quantized.json for int8 alone, quantized_kv.json with kv-int8,
+  else quantized_groups.json."""
+  if list(modes) == ["int8"]:
+    return "quantized.json"
+  return "quantized_kv.json" if KV_INT8 in modes else "quantized_groups.json"
 
 
 def agreement(reference, other) -> tuple[float, float]:
@@ -79,6 +88,8 @@ def weight_sets(base_cfg, base_params, modes) -> dict:
       half = jax.tree.map(lambda x: jnp.asarray(x, jnp.bfloat16), base_params)
       sets[BF16_NAME] = (jax.tree.map(lambda x: x.astype(jnp.float32), half),
                          quantize.weight_bytes(half))
+    elif mode == KV_INT8:
+      sets[KV_INT8] = sets["float32"]
     else:
       params = quantize.apply_mode(base_params, base_cfg, mode)
       sets[mode] = (params, quantize.weight_bytes(params))
@@ -107,7 +118,11 @@ def teacher_forced(base_cfg, sets: dict, prompts, reference) -> dict:
   max_length = max(len(s) for s in seqs)
   tops, out = {}, {}
   for name, (params, _) in sets.items():
-    scored = Scorer(base_cfg, params, metric="nll", max_length=max_length).top_log_probs(seqs, 1)
+    if name == KV_INT8:
+      scored = cached_top_tokens(base_cfg, params, seqs, "int8")
+    else:
+      scored = Scorer(base_cfg, params, metric="nll", max_length=max_length).top_log_probs(seqs,
+                                                                                          1)
     # log p of token i sits at i; the top token after position i at i (it predicts i + 1).
     nll = -sum(float(np.sum(logp[len(p):])) for p, (logp, _, _) in zip(prompts, scored))
     tops[name] = [ids[len(p) - 1:-1, 0] for p, (_, ids, _) in zip(prompts, scored)]
@@ -117,13 +132,35 @@ def teacher_forced(base_cfg, sets: dict, prompts, reference) -> dict:
   return {name: (nll, same(name) / positions) for name, nll in out.items()}
 
 
+def cached_top_tokens(base_cfg, params, seqs, kv_dtype: str) -> list[tuple]:
+  """As `Scorer.top_log_probs(seqs, 1)`, through a cached forward: each sequence is prefilled
+  into KV buffers that store `kv_dtype`, so every query reads the stored keys and values."""
+  length = -(-max(len(s) for s in seqs) // 64) * 64
+
+  @jax.jit
+  def logits(tokens):
+    cache = init_cache(base_cfg, base_cfg.num_layers, 1, length, kv_dtype)
+    out = LlamaModel(base_cfg).apply({"params": params}, tokens, cache=cache,
+                                     cache_slots=jnp.zeros((1,), jnp.int32))
+    return jax.nn.log_softmax(out.logits[0].astype(jnp.float32), axis=-1)
+
+  scored = []
+  for seq in seqs:
+    logp = np.asarray(logits(jnp.asarray(np.pad(seq, (0, length - len(seq)))[None])))[:len(seq)]
+    token_logp = np.concatenate([[0.0], logp[np.arange(len(seq) - 1), seq[1:]]])
+    top = np.argmax(logp, axis=-1)[:, None]
+    scored.append((token_logp, top, np.take_along_axis(logp, top, axis=-1)))
+  return scored
+
+
 def measure(base_cfg, base_params, prompts, max_new_tokens: int, batch_size: int,
             modes=("int8",)) -> dict:
   """The rows of float32 and of each weight set in `modes` (see the module docstring)."""
   kw = dict(cache_length=max(len(p) for p in prompts) + max_new_tokens,
             out_length=max_new_tokens, min_prompt_bucket=16)
   sets = weight_sets(base_cfg, base_params, modes)
-  samplers = {name: Sampler(base_cfg, params, **kw) for name, (params, _) in sets.items()}
+  samplers = {name: Sampler(base_cfg, params, kv_cache="int8" if name == KV_INT8 else "model",
+                           **kw) for name, (params, _) in sets.items()}
   runs = decode_interleaved(samplers, prompts, batch_size, max_new_tokens)
   reference = runs["float32"]["tokens"]
   scores = teacher_forced(base_cfg, sets, prompts, reference)

@@ -30,25 +30,31 @@ def _bytes(tree) -> float:
 
 
 def floor_bytes(cfg, model: str, batch: int, slots: int, fill: int | None = None,
-                draft_vocab: int = 0) -> dict:
+                draft_vocab: int = 0, quantize: str = "none", kv_cache: str = "model") -> dict:
   """Bytes one step must read: {"weights", "repeats", "kv_cache", "total"} (see the module
   docstring). model: "base", "hamburger" or "verify". draft_vocab: K > 0 = the S - 1 drafting
-  micro steps read the K + REST_SAMPLE rows of the head they draft from, not all of it."""
+  micro steps read the K + REST_SAMPLE rows of the head they draft from, not all of it.
+  quantize / kv_cache: the weights' and the KV buffers' formats, as decoding stores them."""
   from hamburger_jax.decode.draft_vocab import REST_SAMPLE
   from hamburger_jax.decode.models import decode_model
-  from hamburger_jax.model.attention import init_cache
+  from hamburger_jax.model.kv_cache import init_cache
   from hamburger_jax.model.hamburger import init_params
-  params = jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0)))
+  from hamburger_jax.model.quantize import apply_mode
+  params = jax.eval_shape(lambda: apply_mode(init_params(cfg, jax.random.PRNGKey(0)), cfg.base,
+                                             quantize))
   _, decode_params = decode_model(cfg, params, base=model == "base")
   if model == "verify":                   # plain tokens: no merge, the embedder is never read
     decode_params = {k: v for k, v in decode_params.items() if k != "embedder"}
   llama = cfg.base
-  cache = jax.eval_shape(lambda: init_cache(llama, llama.num_layers, batch, slots))
+  cache = jax.eval_shape(lambda: init_cache(llama, llama.num_layers, batch, slots, kv_cache))
   kv = _bytes(cache) * min(fill or slots, slots) / slots
   repeats = 0.0
   if model != "base":
     rows = min(draft_vocab + REST_SAMPLE, llama.vocab_size) if draft_vocab else llama.vocab_size
-    head = rows * llama.hidden_size * jax.numpy.dtype(cfg.base.param_dtype).itemsize
+    # Drafts read the int8 head itself, or (with a draft vocabulary) rows gathered in bf16.
+    int8_head = quantize != "none" and not draft_vocab
+    head = rows * llama.hidden_size * (1 if int8_head else
+                                       jax.numpy.dtype(cfg.base.param_dtype).itemsize)
     # Micro-decoder passes: HAMburger's prefill and S - 1 steps; verified drafting fuses the
     # prefill with draft 1 (S - 1 passes). One of them is in "weights".
     passes = cfg.max_steps - (model == "verify")
@@ -59,8 +65,21 @@ def floor_bytes(cfg, model: str, batch: int, slots: int, fill: int | None = None
           "total": weights + repeats + kv}
 
 
+def per_chip(attribution: dict, weight_share: float, kv_share: float) -> dict:
+  """A mesh step's attribution (`inspector`; its bytes are one chip's) with the floor cut to
+  one chip's shards: weights and repeats by `weight_share`, the KV cache by `kv_share` (the
+  fractions of all weights / KV buffers one chip holds)."""
+  f = attribution["floor"]
+  floor = {"weights": f["weights"] * weight_share, "repeats": f["repeats"] * weight_share,
+           "kv_cache": f["kv_cache"] * kv_share}
+  floor["total"] = sum(floor.values())
+  return {**attribution, "floor": floor, "floor_whole_model": f,
+          "hbm_over_floor": attribution["hbm_step"] / floor["total"],
+          "xla_over_floor": attribution["xla_step"] / floor["total"]}
+
+
 def inspector(cfg, model: str, batch: int, slots: int, fill: int | None = None, top: int = 12,
-              draft_vocab: int = 0):
+              draft_vocab: int = 0, quantize: str = "none", kv_cache: str = "model"):
   """compiled -> {"bytes": the step's attribution against its floor} (an `aot` inspect hook)."""
   from hamburger_jax.model.kv_attention import KV_BLOCK
 
@@ -68,7 +87,7 @@ def inspector(cfg, model: str, batch: int, slots: int, fill: int | None = None, 
     blocks = -(-min(fill or slots, slots) // min(KV_BLOCK, slots))
     report = hlo_bytes.attribute(compiled.as_text(), trips={BASE_ATTENTION: blocks},
                                  per_step=True)
-    floor = floor_bytes(cfg, model, batch, slots, fill, draft_vocab)
+    floor = floor_bytes(cfg, model, batch, slots, fill, draft_vocab, quantize, kv_cache)
     ops = [{k: r[k] for k in ("name", "opcode", "op_name", "shape", "count")}
            | {"xla": r["xla"] * r["count"], "hbm": r["hbm"] * r["count"],
               "hbm_groups": {g: b * r["count"] for g, b in r["groups"]["hbm"].items()}}
@@ -95,6 +114,8 @@ def table(rows) -> str:
       continue
     xla, hbm = b["groups"]["xla"], b["groups"]["hbm"]
     vocab = f" K={r['draft_vocab']}" if r.get("draft_vocab") else ""
+    vocab += f" {r['quantize']}" if r.get("quantize", "none") != "none" else ""
+    vocab += " kv int8" if r.get("kv_cache") == "int8" else ""
     cells.append([f"{r['model']}{vocab} b{r['batch']}", f"{r['bytes_accessed'] / GB:.2f}",
                   f"{b['xla_once'] / GB:.2f}", f"{b['xla_step'] / GB:.2f}",
                   f"{b['hbm_step'] / GB:.2f}", f"{b['floor']['total'] / GB:.2f}",

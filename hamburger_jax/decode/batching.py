@@ -34,7 +34,7 @@ from hamburger_jax.decode.compile_cache import Executables, next_pow2
 from hamburger_jax.decode.models import decode_model, prompt_scorer
 from hamburger_jax.decode.prompts import check_seed
 from hamburger_jax.decode.sampler import (DecodeInputError, check_confidence, check_ids,
-                                          check_prompt, make_sampling, pad_prefixes,
+                                          check_kv_cache, check_prompt, make_sampling, pad_prefixes,
                                           parse_policy, row_keys)
 
 
@@ -111,6 +111,7 @@ class ContinuousBatcher:
   draft_width_rule: verified steps send only the drafts worth their width (`draft_width`; None:
   off).
   mesh: a jax Mesh to decode on (`decode/mesh.py`: params, KV buffers and slots sharded).
+  kv_cache: what the KV buffers store, "model" or "int8" (`model/kv_cache.py`).
   """
 
   def __init__(self, cfg, params, *, base: bool = False, num_slots: int = 8,
@@ -118,19 +119,20 @@ class ContinuousBatcher:
                micro_policy: str = "all", min_prompt_bucket: int = 16,
                compact_micro_steps: bool | None = None,
                skip_unmerged: bool | None = None, draft_vocab=None, verify: bool = False,
-               mesh=None, draft_width_rule: bool | None = None):
+               mesh=None, draft_width_rule: bool | None = None, kv_cache: str = "model"):
     for name, value in (("num_slots", num_slots), ("cache_length", cache_length),
                         ("chunk_steps", chunk_steps)):
       if value < 1:
         raise DecodeInputError(f"{name} must be >= 1, got {value}.")
     model, params = decode_model(cfg, params, base, draft_vocab)
+    check_kv_cache(kv_cache, model.llama)
     if verify and model.max_steps == 1:
       raise DecodeInputError("Verified decoding needs a HAMburger model with micro steps (not "
                              "the base alone).")
     spare = model.max_steps - 1 if verify else 0      # a verify forward writes S slots
     self.engine = lp.DecodeEngine(model, cache_length + spare, chunk_steps * model.max_steps,
                                   compact_micro_steps, skip_unmerged, verify, mesh,
-                                  draft_width_rule)
+                                  draft_width_rule, kv_cache)
     self.params = mesh_lib.place_params(mesh, model, params)
     self.scorer = prompt_scorer(model, self.params, cache_length)   # prompts' log-probs
     self.eos_ids = tuple(int(e) for e in eos_ids) or tuple(model.llama.eos_token_ids)

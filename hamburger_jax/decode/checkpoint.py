@@ -27,6 +27,7 @@ from hamburger_jax.decode import state as ds
 from hamburger_jax.decode.prompts import UsageError
 from hamburger_jax.model import quantize as quantize_lib
 from hamburger_jax.model.config import HamburgerConfig, LlamaConfig
+from hamburger_jax.model.kv_cache import KV_DTYPES
 from hamburger_jax.shipped import NAMED, named
 from hamburger_jax.text.tokenizer import Tokenizer
 
@@ -59,6 +60,12 @@ def resolve_knobs(given: dict, recommended: dict) -> dict:
   DEFAULT_KNOBS (None = not given)."""
   return {name: given[name] if given.get(name) is not None else recommended.get(name, value)
           for name, value in DEFAULT_KNOBS.items()}
+
+
+def check_kv_cache(kv_cache: str) -> None:
+  """UsageError unless `kv_cache` names what KV buffers can store (`model/kv_cache.py`)."""
+  if kv_cache not in KV_DTYPES:
+    raise UsageError(f"--kv_cache {kv_cache!r} is unknown: use one of {', '.join(KV_DTYPES)}.")
 
 
 def check_quantize(mode: str | None) -> None:

@@ -21,8 +21,8 @@ from typing import Sequence, TextIO
 from hamburger_jax.convert import CheckpointError
 from hamburger_jax.decode import prompts as prompts_lib
 from hamburger_jax.decode import verify
-from hamburger_jax.decode.checkpoint import (Decodable, check_checkpoint, check_quantize,
-                                             open_checkpoint, resolve_knobs)
+from hamburger_jax.decode.checkpoint import (Decodable, check_checkpoint, check_kv_cache,
+                                             check_quantize, open_checkpoint, resolve_knobs)
 from hamburger_jax.decode.chunks import decode_chunks
 from hamburger_jax.decode.evaluation import base_comparison
 from hamburger_jax.decode.memory import check_buffer_memory, device_memory
@@ -77,6 +77,7 @@ class DecodeArgs:
   verify: bool = False              # verified decoding: the base checks the drafts (its answer)
   quantize: str = "none"            # "int8": per-channel scales; "int8:G": per group of G inputs
   mesh: str = ""                    # "data=2,tensor=4": one model over a device mesh ("" = one)
+  kv_cache: str = "model"           # what the KV buffers store: the model's dtype or "int8"
 
 
 def check_args(a: DecodeArgs) -> None:
@@ -105,6 +106,7 @@ def check_args(a: DecodeArgs) -> None:
   if a.system is not None:
     prompts_lib.utf8_text(a.system, "--system")
   check_quantize(a.quantize)
+  check_kv_cache(a.kv_cache)
   check_flag_pairs(a)
 
 
@@ -209,10 +211,10 @@ def _samplers(a: DecodeArgs, d: Decodable, prompts):
   out_length = -(-a.max_new_tokens // 64) * 64
   mesh = make_decode_mesh(a.mesh) if a.mesh else None
   check_buffer_memory(d.llama, min(len(prompts), a.batch_size), cache_length,
-                      mesh and (device_memory() or 0) * mesh.devices.size)
+                      mesh and (device_memory() or 0) * mesh.devices.size, a.kv_cache)
   sampler = Sampler(d.config, d.params, base=d.base_only, cache_length=cache_length,
                     out_length=out_length, eos_ids=d.eos_ids, draft_vocab=d.draft_vocab,
-                    verify=a.verify, mesh=mesh)
+                    verify=a.verify, mesh=mesh, kv_cache=a.kv_cache)
   sampler.check_prompts(prompts)
   knobs = dict(max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_k=a.top_k,
                top_p=a.top_p, seed=a.seed,
@@ -222,7 +224,7 @@ def _samplers(a: DecodeArgs, d: Decodable, prompts):
   base = None
   if a.compare_base:
     base = Sampler(d.config, d.params, base=True, cache_length=cache_length,
-                   out_length=out_length, eos_ids=d.eos_ids, mesh=mesh)
+                   out_length=out_length, eos_ids=d.eos_ids, mesh=mesh, kv_cache=a.kv_cache)
   return sampler, base, knobs
 
 
@@ -322,6 +324,8 @@ _HELP = {
     "mesh": "decode one model over a device mesh, e.g. 'tensor=4' or 'data=2,tensor=4' (axes "
             "data, fsdp, tensor; their product = the devices): heads, kv heads, MLP and "
             "vocabulary split over tensor, rows over data ('' = one device)",
+    "kv_cache": "what the KV buffers store: 'model' (the model's dtype) or 'int8' (int8 with a "
+                "bfloat16 scale per head vector: about half the KV bytes of bfloat16)",
 }
 
 

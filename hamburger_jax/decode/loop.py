@@ -28,7 +28,7 @@ from hamburger_jax.decode.mesh import constrain_state
 from hamburger_jax.decode.micro import (Group, Pick, continue_probability,  # noqa: F401
                                          is_fence_token, pick)
 from hamburger_jax.decode.models import DecodeModel
-from hamburger_jax.model.attention import init_cache
+from hamburger_jax.model.kv_cache import init_cache
 
 # Python-side trace counters (incremented while tracing): tests use them to prove no recompiles.
 TRACE_COUNTS: collections.Counter = collections.Counter()
@@ -52,6 +52,8 @@ class DecodeEngine:
   mesh: Any = None
   # Verified steps send only the drafts worth their width's cost (`draft_width`; None: off).
   draft_width_rule: bool | None = None
+  # What the KV buffers store (`model/kv_cache.py`): "model" (its dtype) or "int8".
+  kv_cache: str = "model"
 
   @property
   def max_steps(self) -> int:
@@ -158,7 +160,7 @@ def prefill(engine: DecodeEngine, params, prefix, last_tokens, lengths, done, rn
   TRACE_COUNTS["prefill"] += 1
   b, p = prefix.shape
   llama = engine.model.llama
-  cache = init_cache(llama, llama.num_layers, b, engine.cache_length)
+  cache = init_cache(llama, llama.num_layers, b, engine.cache_length, engine.kv_cache)
   groups = jnp.zeros((b, p, engine.max_steps), jnp.int32).at[..., 0].set(prefix)
   positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
   _, cache = engine.model.forward(params, groups, jnp.ones((b, p), jnp.int32), positions, cache,

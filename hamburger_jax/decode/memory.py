@@ -8,13 +8,15 @@ from __future__ import annotations
 import os
 
 from hamburger_jax.decode.prompts import UsageError
+from hamburger_jax.model.kv_cache import bytes_per_slot
 
 
-def check_buffer_memory(llama, rows: int, cache_length: int, available: int | None = None) -> None:
+def check_buffer_memory(llama, rows: int, cache_length: int, available: int | None = None,
+                        kv_dtype: str = "model") -> None:
   """UsageError when the KV buffers alone (rows padded to a power of two) would not fit in 80%
-  of the device's memory (`available` bytes; default: `device_memory()`)."""
-  per_slot = (2 * llama.num_layers * llama.num_kv_heads * llama.head_dim   # K and V
-              * llama.jnp_dtype.dtype.itemsize)
+  of the device's memory (`available` bytes; default: `device_memory()`); kv_dtype: what they
+  store (`model/kv_cache.py`)."""
+  per_slot = bytes_per_slot(llama, llama.num_layers, kv_dtype)
   need = (1 << (max(rows, 1) - 1).bit_length()) * cache_length * per_slot
   available = available or device_memory()
   if available and need > 0.8 * available:

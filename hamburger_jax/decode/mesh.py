@@ -26,6 +26,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from hamburger_jax.decode import state as ds
 from hamburger_jax.decode.prompts import DecodeInputError
+from hamburger_jax.model import kv_cache
 from hamburger_jax.model import partitioning as pt
 from hamburger_jax.model.config import HamburgerConfig, LlamaConfig
 from hamburger_jax.train import sharding
@@ -123,12 +124,14 @@ def place_state(mesh: Mesh | None, state: ds.DecodeState) -> ds.DecodeState:
 
 
 def state_shardings(mesh: Mesh, state: ds.DecodeState) -> ds.DecodeState:
-  """NamedShardings of a decode state (arrays or abstract): KV buffers [B, L, K * H] by rows and
-  kv heads, other per-row fields [B, ..] by rows, scalars replicated."""
+  """NamedShardings of a decode state (arrays or abstract): KV buffers [B, L, K * H] (int8
+  scales [B, K, L]) by rows and kv heads, other per-row fields [B, ..] by rows, scalars replicated."""
   with pt.activation_sharding(mesh, DECODE_RULES):
     named = lambda logical, x: NamedSharding(mesh, pt.mesh_axes(logical, x.shape))
     rows = lambda x: named((pt.BATCH,) + (None,) * (len(x.shape) - 1), x)
-    cache = jax.tree.map(lambda x: named((pt.BATCH, pt.LENGTH, pt.KV_HEADS), x), state.cache)
+    axes = lambda name: ((pt.BATCH, pt.KV_HEADS, pt.LENGTH) if name in kv_cache.SCALES
+                         else (pt.BATCH, pt.LENGTH, pt.KV_HEADS))
+    cache = [{name: named(axes(name), x) for name, x in layer.items()} for layer in state.cache]
     return jax.tree.map(rows, state.replace(cache=None)).replace(cache=cache)
 
 

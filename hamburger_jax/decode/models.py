@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hamburger_jax.decode import draft_vocab as draft_vocab_lib
-from hamburger_jax.model.attention import write_cache
+from hamburger_jax.model import kv_cache
 from hamburger_jax.model.config import HamburgerConfig, LlamaConfig
 from hamburger_jax.model.execution import Execution
 from hamburger_jax.model.hamburger import HamburgerModel
@@ -69,7 +69,7 @@ class HamburgerDecodeModel:
 
   def forward_unmerged(self, params, tokens, positions, cache, slots):
     """tokens [B, T], one slot and position each -> (features [B, T, F, D], the new KV entries
-    per layer {"k", "v"} [B, T, K * H]); the cache is read, not written (`write_entries`)."""
+    per layer, [B, T, ..] per buffer); the cache is read, not written (`write_entries`)."""
     out = self._apply(params, tokens, positions, cache, slots,
                       method=HamburgerModel.unmerged_forward,
                       execution=Execution(cache_write="returned"))
@@ -144,10 +144,9 @@ DecodeModel = HamburgerDecodeModel | BaseDecodeModel
 
 
 def write_entries(cache, entries, slots):
-  """Writes forward_unmerged's new entries (per layer {"k", "v"} [B, T, K * H]) into the cache
+  """Writes forward_unmerged's new entries (per layer, [B, T, ..] per buffer) into the cache
   at per-row slots [B] (out-of-range slots drop) -> the cache."""
-  return [{name: write_cache(layer[name], new[name], slots) for name in ("k", "v")}
-          for layer, new in zip(cache, entries)]
+  return [kv_cache.write_entries(layer, new, slots) for layer, new in zip(cache, entries)]
 
 
 def decode_model(cfg, params, base: bool = False, draft_vocab=None,

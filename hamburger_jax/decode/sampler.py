@@ -29,6 +29,7 @@ from hamburger_jax.decode.loop import TRACE_COUNTS, continue_probability  # noqa
 from hamburger_jax.decode.models import decode_model
 from hamburger_jax.decode.sampling import SamplingParams
 from hamburger_jax.decode.state import DecodeResult
+from hamburger_jax.model import kv_cache as kv_cache_lib
 from hamburger_jax.model import quantize as quantize_lib
 
 
@@ -57,6 +58,8 @@ class Sampler:
   quantize: "int8" decodes with int8 weights (`model/quantize.py`, quantized once here; params
   quantized already are kept), "int8:G" with a scale per group of G inputs; None or "none": the
   params as given.
+  kv_cache: what the KV buffers store: "model" (the model's dtype) or "int8" (int8 values with a
+  bfloat16 scale per head vector, `model/kv_cache.py`: ~0.52x the bytes of bfloat16).
   """
 
   def __init__(self, cfg, params, *, base: bool = False, cache_length: int = 1024,
@@ -64,8 +67,10 @@ class Sampler:
                min_prompt_bucket: int = 16, donate: bool = True,
                compact_micro_steps: bool | None = None,
                skip_unmerged: bool | None = None, draft_vocab=None, verify: bool = False,
-               mesh=None, quantize: str | None = None, draft_width_rule: bool | None = None):
+               mesh=None, quantize: str | None = None, draft_width_rule: bool | None = None,
+               kv_cache: str = "model"):
     model, params = decode_model(cfg, params, base, draft_vocab)
+    check_kv_cache(kv_cache, model.llama)
     try:
       params = quantize_lib.apply_mode(params, model.llama, quantize)
     except ValueError as e:
@@ -78,7 +83,7 @@ class Sampler:
     spare = model.max_steps - 1 if verify else 0
     self.engine = lp.DecodeEngine(model, cache_length + spare, out_length or cache_length,
                                   compact_micro_steps, skip_unmerged, verify, mesh,
-                                  draft_width_rule)
+                                  draft_width_rule, kv_cache)
     self.max_prompt_len = cache_length
     llama = model.llama
     self.eos_ids = llama.eos_token_ids if eos_ids is None else tuple(int(e) for e in eos_ids)
@@ -244,6 +249,13 @@ def check_confidence(confidence: float, min_token_prob: float) -> None:
 def check_ids(name: str, ids: Sequence[int], limit: int) -> None:
   if len(ids) > limit:
     raise DecodeInputError(f"At most {limit} {name} ids are supported, got {len(ids)}.")
+
+
+def check_kv_cache(kv_cache: str, llama) -> None:
+  try:
+    kv_cache_lib.check_kv_dtype(kv_cache, llama)
+  except ValueError as e:
+    raise DecodeInputError(str(e)) from None
 
 
 def parse_policy(spec: str) -> ds.MicroPolicy:

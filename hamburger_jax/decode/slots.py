@@ -21,13 +21,14 @@ from hamburger_jax.decode import loop as lp
 from hamburger_jax.decode import state as ds
 from hamburger_jax.decode import verify
 from hamburger_jax.decode.sampling import SamplingParams
-from hamburger_jax.model.attention import init_cache
+from hamburger_jax.model.kv_cache import init_cache
 
 
 def empty_state(engine: lp.DecodeEngine, num_slots: int, policy: ds.MicroPolicy) -> ds.DecodeState:
   """A state whose `num_slots` rows are all free (done, finish PADDING)."""
   llama = engine.model.llama
-  cache = init_cache(llama, llama.num_layers, num_slots, engine.cache_length)
+  cache = init_cache(llama, llama.num_layers, num_slots, engine.cache_length,
+                     engine.kv_cache)
   rows = jnp.ones((num_slots,), jnp.int32)
   knobs = ds.DecodeKnobs.make(num_slots, confidence=1.0, min_token_prob=0.0, max_new_tokens=1,
                               max_group=1, eos_ids=(), sampling=SamplingParams.greedy())

@@ -1,11 +1,13 @@
 """Attention of new queries over a fixed-shape KV buffer, visiting only the key blocks in use.
 
-    out = cached_attention(q [B, T, N, H], k [B, L, K * H], v [B, L, K * H], cache_slots [B])
-    out = cached_attention(.., new_kv=(k_new, v_new))   # [B, T, K * H] each, not yet written
+    out = cached_attention(q [B, T, N, H], layer, cache_slots [B])   # layer: {"k", "v", ..}
+    out = cached_attention(.., new=entries)     # entries [B, T, ..] per buffer, not yet written
 
-The buffers keep the heads flat (K * H on the minor axis): on TPUs an H = 64 minor axis is
-padded to 128 lanes and the loop would copy the whole buffer into another layout; blocks are
-reshaped to [B, blk, K, H] (and cast to q's dtype) after slicing. Query t of row b sees the buffer's slots <= cache_slots[b] + t. The keys are read in blocks of
+`layer` is one layer's buffers (`kv_cache`): k/v [B, L, K * H], or for int8 storage packed
+int8 values and their per-head scales [B, K, L] (blocks of them turned to [B, blk, K]), applied to the scores (keys) and to the probabilities (values), so no
+dequantized block is formed. The buffers keep the heads flat (K * H on the minor axis): on TPUs
+an H = 64 minor axis is padded to 128 lanes and the loop would copy the whole buffer into
+another layout; blocks are reshaped to [B, blk, K, H] (and cast to q's dtype) after slicing. Query t of row b sees the buffer's slots <= cache_slots[b] + t. The keys are read in blocks of
 `block` slots by a loop whose trip count is traced: blocks up to the highest slot any query sees,
 so a decode step costs what the filled part of the buffer costs, not its length L (one compile
 for every fill level). Online softmax in float32 across blocks; a block a row sees none of adds
@@ -17,37 +19,51 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from hamburger_jax.model.kv_cache import SCALES, slot_axis, unpack
+
 NEG_INF = -1e30
 KV_BLOCK = 64    # slots per key block (docs/results/step_costs.md)
 
 
-def _block_update(carry, qg, kj, vj, visible):
-  """One key block: qg [B, T, K, G, H], kj/vj [B, blk, K, H], visible [B, T, blk]."""
+def _per_key(scale):
+  """Scales [B, blk, K] -> [B, 1, K, 1, blk], to multiply scores / probabilities."""
+  return scale.astype(jnp.float32).transpose(0, 2, 1)[:, None, :, None, :]
+
+
+def _block_update(carry, qg, kj, vj, visible, scales=None):
+  """One key block: qg [B, T, K, G, H], kj/vj [B, blk, K, H], visible [B, T, blk]; scales:
+  int8 storage's (k_scale, v_scale) [B, blk, K] or None."""
   m, l, acc = carry
   s = jnp.einsum("btkgh,blkh->btkgl", qg, kj, preferred_element_type=jnp.float32)
   s = s / jnp.sqrt(jnp.float32(qg.shape[-1]))
+  if scales is not None:
+    s = s * _per_key(scales[0])
   mask = visible[:, :, None, None]
   m_new = jnp.maximum(m, jnp.max(jnp.where(mask, s, NEG_INF), axis=-1))
   p = jnp.where(mask, jnp.exp(s - m_new[..., None]), 0.0)
   corr = jnp.exp(m - m_new)
-  pv = jnp.einsum("btkgl,blkh->btkgh", p.astype(vj.dtype), vj, preferred_element_type=jnp.float32)
+  pv_weights = p if scales is None else p * _per_key(scales[1])
+  pv = jnp.einsum("btkgl,blkh->btkgh", pv_weights.astype(vj.dtype), vj,
+                  preferred_element_type=jnp.float32)
   return m_new, l * corr + jnp.sum(p, axis=-1), acc * corr[..., None] + pv
 
 
 def _overlay(block_kv, idx, new, cache_slots):
-  """block_kv [B, blk, K*H] read from a buffer at slots idx [blk], with row b's new entries new
-  [B, T, K*H] placed at slots cache_slots[b] .. + T - 1 (what an in-place write would hold)."""
+  """block_kv [B, blk, X] read from a buffer at slots idx [blk], with row b's new entries new
+  [B, T, X] placed at slots cache_slots[b] .. + T - 1 (what an in-place write would hold)."""
   offset = idx[None, :] - cache_slots[:, None]                                      # [B, blk]
   inside = (offset >= 0) & (offset < new.shape[1])
   picked = jnp.take_along_axis(new, jnp.clip(offset, 0, new.shape[1] - 1)[..., None], axis=1)
   return jnp.where(inside[..., None], picked, block_kv)
 
 
-def cached_attention(q, k, v, cache_slots, block: int = KV_BLOCK, new_kv=None):
-  """-> [B, T, N, H]; see the module docstring. new_kv: (k, v) [B, T, K * H] in the buffers'
-  dtype, entries not in the buffers yet, read as if written at cache_slots (same numbers)."""
+def cached_attention(q, layer, cache_slots, block: int = KV_BLOCK, new=None):
+  """-> [B, T, N, H]; see the module docstring. new: entries [B, T, ..] for each of layer's
+  buffers (`kv_cache.make_entries`), not in the buffers yet, read as if written at cache_slots
+  (same numbers)."""
   b, t, n, h = q.shape
-  length, kv_heads = k.shape[1], k.shape[2] // h
+  length = layer["k"].shape[1]
+  kv_heads = layer["k_scale"].shape[1] if "k_scale" in layer else layer["k"].shape[2] // h
   block = min(block, length)
   qg = q.reshape(b, t, kv_heads, n // kv_heads, h)
   query_slot = cache_slots[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]        # [B, T]
@@ -58,11 +74,16 @@ def cached_attention(q, k, v, cache_slots, block: int = KV_BLOCK, new_kv=None):
     start = jnp.minimum(j * block, length - block)
     idx = start + jnp.arange(block, dtype=jnp.int32)
     visible = (idx[None, None, :] <= query_slot[:, :, None]) & (idx >= j * block)[None, None, :]
-    kj, vj = (jax.lax.dynamic_slice_in_dim(x, start, block, axis=1) for x in (k, v))
-    if new_kv is not None:
-      kj, vj = (_overlay(x, idx, new, cache_slots) for x, new in zip((kj, vj), new_kv))
-    kj, vj = (x.reshape(b, block, kv_heads, h).astype(q.dtype) for x in (kj, vj))
-    return _block_update(carry, qg, kj, vj, visible)
+    blk = {name: jax.lax.dynamic_slice_in_dim(x, start, block, axis=slot_axis(name))
+           for name, x in layer.items()}
+    blk = {name: x.swapaxes(1, 2) if name in SCALES else x for name, x in blk.items()}
+    if new is not None:
+      blk = {name: _overlay(x, idx, new[name], cache_slots) for name, x in blk.items()}
+    scales = (blk["k_scale"], blk["v_scale"]) if "k_scale" in blk else None
+    values = (lambda x: x) if scales is None else unpack
+    kj, vj = (values(blk[name]).reshape(b, block, kv_heads, h).astype(q.dtype)
+              for name in ("k", "v"))
+    return _block_update(carry, qg, kj, vj, visible, scales)
 
   stats = qg.shape[:4]
   init = (jnp.full(stats, NEG_INF, jnp.float32), jnp.zeros(stats, jnp.float32),

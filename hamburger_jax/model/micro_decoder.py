@@ -12,7 +12,7 @@ from __future__ import annotations
 import flax.linen as nn
 import jax.numpy as jnp
 
-from hamburger_jax.model.attention import init_cache
+from hamburger_jax.model.kv_cache import init_cache
 from hamburger_jax.model.config import HamburgerConfig
 from hamburger_jax.model.execution import Execution
 from hamburger_jax.model.layers import dense

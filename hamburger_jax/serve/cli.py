@@ -22,9 +22,9 @@ import sys
 from typing import Sequence
 
 from hamburger_jax.convert import CheckpointError
-from hamburger_jax.decode.checkpoint import (apply_quantize, check_quantize, checkpoint_dir,
-                                             code_fence_ids, load_verify_drafter, open_checkpoint,
-                                             resolve_knobs)
+from hamburger_jax.decode.checkpoint import (apply_quantize, check_kv_cache, check_quantize,
+                                             checkpoint_dir, code_fence_ids, load_verify_drafter,
+                                             open_checkpoint, resolve_knobs)
 from hamburger_jax.decode.prompts import UsageError
 from hamburger_jax.decode import verify
 from hamburger_jax.decode.mesh import make_decode_mesh, parse_mesh
@@ -100,6 +100,8 @@ class ServeArgs:
                                 "e.g. int8:64), quantized once at load")
   mesh: str = _flag("", "decode one model over a device mesh, e.g. 'tensor=4' or "
                         "'data=2,tensor=4' (their product = the devices; '' = one device)")
+  kv_cache: str = _flag("model", "what the KV buffers store: 'model' (the model's dtype) or "
+                                 "'int8' (a bfloat16 scale per head vector; ~half the bytes)")
   max_body_bytes: int = _flag(app_limits.MAX_BODY_BYTES, "largest request body (413 above it)")
   chars_per_token: int = _flag(
       service_limits.CHARS_PER_TOKEN, "prompts longer than this many characters per KV slot are "
@@ -142,6 +144,7 @@ def check_args(a: ServeArgs) -> None:
   if a.min_token_prob is not None and not 0 <= a.min_token_prob <= 1:
     raise UsageError(f"--min_token_prob must be in [0, 1], got {a.min_token_prob}.")
   check_quantize(a.quantize)
+  check_kv_cache(a.kv_cache)
   parse_mesh(a.mesh)
 
 
@@ -225,7 +228,8 @@ def build(a: ServeArgs) -> Service:
       cache_length=a.cache_length, chunk_steps=a.chunk_steps,
       eos_ids=tuple(d.llama.eos_token_ids), micro_policy=a.micro_policy,
       min_prompt_bucket=a.min_prompt_bucket, compact_micro_steps=a.compact_micro_steps,
-      draft_vocab=d.draft_vocab, mesh=make_decode_mesh(a.mesh) if a.mesh else None)
+      draft_vocab=d.draft_vocab, mesh=make_decode_mesh(a.mesh) if a.mesh else None,
+      kv_cache=a.kv_cache)
   if both:
     engine = mode_router(a, d, make)
   else:

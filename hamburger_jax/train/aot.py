@@ -143,7 +143,7 @@ def _on(device, tree):
 def compile_decode_loop(cfg, device, batch: int, cache_length: int, prompt_len: int = 16,
                         base: bool = False, verify: bool = False, inspect=None,
                         quantize: str | None = None, mesh: str | None = None,
-                        draft_vocab: int = 0) -> dict:
+                        draft_vocab: int = 0, kv_cache: str = "model") -> dict:
   """AOT-compiles the decode loop (`decode.sampler`'s while_loop over macro steps) on one chip.
 
   cfg: a HamburgerConfig (its dtypes are the params' and the KV cache's); base=True decodes with
@@ -155,6 +155,7 @@ def compile_decode_loop(cfg, device, batch: int, cache_length: int, prompt_len: 
   sharded as on the chips; memory and bytes are per chip.
   draft_vocab: K > 0 = drafts choose from K ids (`decode/draft_vocab.py`; ids 0..K-1 stand in
   for a real draft vocabulary, the bytes are the same); the base alone has no drafts.
+  kv_cache: what the KV buffers store, "model" or "int8" (`model/kv_cache.py`).
   """
   from hamburger_jax.decode import loop as lp, state as ds
   from hamburger_jax.decode.mesh import on_mesh
@@ -170,7 +171,8 @@ def compile_decode_loop(cfg, device, batch: int, cache_length: int, prompt_len: 
   model = models[0]
   params = jax.eval_shape(lambda p: apply_mode(p, model.llama, quantize), params)
   grid = decode_mesh(mesh, device, model)
-  engine = lp.DecodeEngine(model, cache_length, cache_length, verify=verify, mesh=grid)
+  engine = lp.DecodeEngine(model, cache_length, cache_length, verify=verify, mesh=grid,
+                           kv_cache=kv_cache)
   knobs = ds.DecodeKnobs.make(batch, confidence=0.8, min_token_prob=0.0,
                               max_new_tokens=cache_length, max_group=engine.max_steps,
                               eos_ids=(), sampling=SamplingParams.greedy())

@@ -54,6 +54,21 @@ def verified(out):
                                                     mesh=mesh("data=2,tensor=2"), **KW))}
 
 
+def int8_kv(out):
+  """Verified decoding with int8 KV buffers (one device, a mesh) and the base with them; the
+  buffers' dtypes and the scales' sharding [B, K, L]."""
+  cfg, params = drafting_model()
+  one = Sampler(cfg, params, verify=True, kv_cache="int8", **KW)
+  sharded = Sampler(cfg, params, verify=True, kv_cache="int8", mesh=mesh("data=2,tensor=2"),
+                    **KW)
+  out["int8_kv"] = {"one": run(one, confidence=0.5),
+                    "data=2,tensor=2": run(sharded, confidence=0.5)}
+  out["int8_kv_base"] = run(Sampler(cfg, params, base=True, kv_cache="int8", **KW))
+  state, _ = sharded.start(PROMPTS, max_new_tokens=4)
+  out["int8_kv_dtypes"] = sorted({str(x.dtype) for x in state.cache[0].values()})
+  out["int8_kv_scale_spec"] = str(state.cache[0]["k_scale"].sharding.spec)
+
+
 def kv_collectives(hlo: str) -> list[str]:
   """The lines of a compiled program that move an array shaped like a KV buffer [B, L, K * H]."""
   shape = re.compile(rf"\[\d+,{CACHE_LENGTH},\d+\]")
@@ -101,7 +116,7 @@ def batching(out):
 
 def main():
   out = {"devices": jax.device_count()}
-  for case in (merged, verified, shardings_and_retraces, batching):
+  for case in (merged, verified, int8_kv, shardings_and_retraces, batching):
     t0 = time.perf_counter()
     case(out)
     print(f"{case.__name__}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)

@@ -113,6 +113,16 @@ def test_verified_decoding_on_a_mesh_equals_one_device(eight_devices):
 
 
 @pytest.mark.slow
+def test_int8_kv_buffers_verified_is_the_int8_base_on_a_mesh_and_one_device(eight_devices):
+  assert eight_devices["int8_kv_dtypes"] == ["float32", "int32"]     # packed values, scales
+  assert eight_devices["int8_kv_scale_spec"] == "P('data', 'tensor')"   # [B, K, L]: rows, heads
+  runs = eight_devices["int8_kv"]
+  assert runs["one"]["tokens"] == eight_devices["int8_kv_base"]["tokens"]   # the base's answer
+  assert any(size > 1 for row in runs["one"]["groups"] for size in row)     # drafts accepted
+  _same_as_one_device(runs)
+
+
+@pytest.mark.slow
 def test_continuous_batching_on_a_mesh_equals_one_device(eight_devices):
   got = eight_devices["batching"]
   assert got["data=2,tensor=2"] == got["one"] and all(got["one"])

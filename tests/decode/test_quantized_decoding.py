@@ -102,10 +102,10 @@ def test_a_bad_mode_is_one_clear_error(tmp_path):
 def test_cli_decodes_with_int8_weights(tmp_path):
   path = make_tiny_checkpoint(str(tmp_path / "tiny"))
   outputs = {}
-  for mode in ("none", "int8", "int8:16"):
+  for mode in ("none", "int8", "int8:16"):       # int8 weights with int8 KV buffers too
     out = io.StringIO()
-    code = run(DecodeArgs(ckpt=path, prompt="1,5,7", token_ids=True,
-                          json=True, max_new_tokens=8, quantize=mode),
+    code = run(DecodeArgs(ckpt=path, prompt="1,5,7", token_ids=True, json=True, max_new_tokens=8,
+                          quantize=mode, kv_cache="int8" if mode == "int8" else "model"),
                stdout=out, stderr=io.StringIO())
     assert code == 0
     outputs[mode] = json.loads(out.getvalue())["outputs"][0]["tokens"]

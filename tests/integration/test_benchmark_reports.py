@@ -61,6 +61,7 @@ def test_quality_rejects_a_negative_batch_size(capsys):
 def test_quality_rejects_a_bad_weight_list(capsys):
   from benchmarks.speed import quantized  # pylint: disable=g-import-not-at-top
   assert quantized.parse_modes("int8, int8:64,bf16") == ["int8", "int8:64", "bf16"]
+  assert quantized.out_name(quantized.parse_modes("kv-int8,bf16")) == "quantized_kv.json"
   assert quantized.out_name(["int8"]) == "quantized.json"
   assert quantized.out_name(["int8", "bf16"]) == "quantized_groups.json"
   for bad, message in (("int8,fp8", "got 'fp8'"), ("int8,int8", "each weight set once"),
@@ -81,9 +82,10 @@ def test_weight_formats_measured_side_by_side():
                     num_heads=4, num_kv_heads=2, head_dim=8)
   params = init_llama_params(cfg, jax.random.PRNGKey(0))
   prompts = [np.random.default_rng(i).integers(3, 96, 6).tolist() for i in range(3)]
-  result = quantized.measure(cfg, params, prompts, 8, 2, ["int8", "int8:8", "bf16"])
+  result = quantized.measure(cfg, params, prompts, 8, 2, ["int8", "int8:8", "bf16", "kv-int8"])
   rows = {r["weights"]: r for r in result["rows"]}
-  assert list(rows) == ["float32", "int8", "int8:8", "bf16-rounded"]
+  assert list(rows) == ["float32", "int8", "int8:8", "bf16-rounded", "kv-int8"]
+  assert rows["kv-int8"]["weight_bytes"] == rows["float32"]["weight_bytes"]   # float32 weights
   assert rows["float32"]["top_token_agreement"] == rows["float32"]["greedy_agreement"] == 1.0
   assert rows["int8:8"]["weight_bytes"] > rows["int8"]["weight_bytes"]        # more scales
   assert rows["bf16-rounded"]["weight_bytes"] == quantize.weight_bytes(params) // 2
@@ -215,16 +217,16 @@ def test_decode_speed_verify_engine_reports_the_base_answers(tmp_path):
 
 @pytest.mark.slow
 def test_decode_speed_verify_engine_measures_continuous_batching(tmp_path):
-  result = decode_speed.main(["--engine", "verify", "--batch_sizes", "2", "--verify_prompts", "3",
-                              "--max_new_tokens", "10", "--prompt_sets", "both",
+  # (The width rule's own tests: tests/decode/test_draft_width.py.)
+  result = decode_speed.main(["--engine", "verify", "--batch_sizes", "2", "--verify_prompts", "2",
+                              "--max_new_tokens", "10", "--prompt_sets", "stdlib",
                               "--draft_confidences", "0.001", "--repeats", "1",
-                              "--verify_batching", "continuous", "--width_rules", "on,off",
+                              "--verify_batching", "continuous", "--width_rules", "off",
                               "--out", str(tmp_path / "v.json")])
-  assert [r["width_rule"] for r in result["rows"]] == [True, False]
-  for row in result["rows"]:
-    assert row["batching"] == "continuous" and row["same_as_base"] and row["tokens"] > 0
-    assert row["acceptance"] == [None] * 3
-  assert result["rows"][1]["tokens_per_forward"] > 1.0      # the rule off: every draft is sent
+  (row,) = result["rows"]
+  assert row["width_rule"] is False and row["batching"] == "continuous"
+  assert row["same_as_base"] and row["tokens"] > 0 and row["acceptance"] == [None] * 3
+  assert row["tokens_per_forward"] > 1.0                     # the rule off: every draft is sent
 
 
 def test_decode_speed_verify_engine_refuses_flags_of_other_engines(capsys):
@@ -239,3 +241,13 @@ def test_tpu_plan_checks_the_quantize_mode(capsys):
     with pytest.raises(SystemExit):
       tpu_plan.main(["--train", "none", "--quantize", bad])
     assert f"got '{bad}'" in capsys.readouterr().err
+
+
+def test_a_mesh_steps_floor_is_one_chips_shards():
+  from benchmarks.tpu import step_bytes  # pylint: disable=g-import-not-at-top
+  whole = {"floor": {"weights": 8.0, "repeats": 2.0, "kv_cache": 6.0, "total": 16.0},
+           "hbm_step": 6.0, "xla_step": 12.0, "hbm_over_floor": 6.0 / 16, "xla_over_floor": 0.75}
+  chip = step_bytes.per_chip(whole, weight_share=0.25, kv_share=0.5)   # e.g. tensor=4, data=2
+  assert chip["floor"] == {"weights": 2.0, "repeats": 0.5, "kv_cache": 3.0, "total": 5.5}
+  assert chip["hbm_over_floor"] == 6.0 / 5.5 and chip["xla_over_floor"] == 12.0 / 5.5
+  assert chip["floor_whole_model"] == whole["floor"]

@@ -85,3 +85,24 @@ def test_a_draft_vocabulary_cuts_the_verified_steps_bytes_on_a_v5e_chip():
   assert small["bytes"]["hbm_step"] < full["bytes"]["hbm_step"] - 2 * head, (small, full)
   floors = [r["bytes"]["floor"] for r in (full, small)]
   assert floors[1]["repeats"] < floors[0]["repeats"] / 4, floors
+
+
+@pytest.mark.slow
+def test_int8_kv_buffers_halve_a_base_steps_kv_bytes_on_a_v5e_chip():
+  """Two layers of Llama-3.2-1B's widths, 16 rows x 4,096 slots (the KV cache about half a
+  step's bytes): int8 buffers are read in place, with no whole-buffer copy per step."""
+  from benchmarks.tpu import step_bytes
+  from hamburger_jax.model.config import get_preset
+  cfg = get_preset("llama3.2-1b", dtype="bfloat16", param_dtype="bfloat16")
+  cfg = cfg.replace(base=dataclasses.replace(cfg.base, num_layers=2, vocab_size=8192),
+                    feature_layers=(0, 1), num_micro_layers=1)
+  device = aot.topology_devices("v5e:2x2", 1)[0]
+  plain, int8 = (aot.compile_decode_loop(
+      cfg, device, batch=16, cache_length=4096, base=True, kv_cache=kv,
+      inspect=step_bytes.inspector(cfg, "base", 16, 4096, kv_cache=kv))["bytes"]
+      for kv in ("model", "int8"))
+  kv_bytes = lambda b: b["groups"]["hbm"]["kv_cache"]
+  assert kv_bytes(int8) < 0.55 * kv_bytes(plain), (int8["groups"], plain["groups"])
+  assert int8["groups"]["hbm"]["copies"] < 0.1 * kv_bytes(int8), int8["groups"]
+  assert int8["hbm_step"] < 0.8 * plain["hbm_step"], (int8["hbm_step"], plain["hbm_step"])
+  assert int8["floor"]["kv_cache"] < 0.55 * plain["floor"]["kv_cache"]

@@ -26,6 +26,11 @@ def _flat(x):
   return x.reshape(x.shape[:2] + (-1,))
 
 
+def _layer(k, v):
+  """k/v [B, L, K, H] -> a layer's buffers in the model's dtype."""
+  return {"k": _flat(k), "v": _flat(v)}
+
+
 def _reference(q, k, v, slots):
   t = q.shape[1]
   query_slot = slots[:, None] + jnp.arange(t)[None, :]
@@ -38,7 +43,7 @@ def test_equals_full_masked_attention_at_any_fill_level():
   for t, slots in ((1, [0, 9, 36]), (1, [20, 3, 17]), (5, [0, 8, 32]), (4, [16, 16, 1])):
     q, k, v = _inputs(t)
     slots = jnp.asarray(slots, jnp.int32)
-    got = cached_attention(q, _flat(k), _flat(v), slots, block=8)
+    got = cached_attention(q, _layer(k, v), slots, block=8)
     np.testing.assert_allclose(got, _reference(q, k, v, slots), rtol=2e-5, atol=2e-6)
 
 
@@ -46,8 +51,9 @@ def test_a_row_does_not_depend_on_the_other_rows_fill_level():
   """Blocks a row sees none of add exactly zero: row 0 is bit-identical alone and in a batch
   whose other rows make the loop visit every block."""
   q, k, v = _inputs(1, seed=1)
-  alone = cached_attention(q[:1], _flat(k[:1]), _flat(v[:1]), jnp.asarray([5], jnp.int32), block=8)
-  batched = cached_attention(q, _flat(k), _flat(v), jnp.asarray([5, 36, 30], jnp.int32), block=8)
+  alone = cached_attention(q[:1], _layer(k[:1], v[:1]), jnp.asarray([5], jnp.int32),
+                          block=8)
+  batched = cached_attention(q, _layer(k, v), jnp.asarray([5, 36, 30], jnp.int32), block=8)
   np.testing.assert_array_equal(np.asarray(alone[0]), np.asarray(batched[0]))
 
 
@@ -56,7 +62,7 @@ def test_one_compile_for_every_fill_level():
 
   def fn(q, k, v, slots):
     traces.append(1)
-    return cached_attention(q, _flat(k), _flat(v), slots, block=8)
+    return cached_attention(q, _layer(k, v), slots, block=8)
 
   jitted = jax.jit(fn)
   q, k, v = _inputs(1)
@@ -70,14 +76,13 @@ def test_one_compile_for_every_fill_level():
 def test_new_entries_overlaid_are_bit_identical_to_entries_written():
   """cache_write "returned": the buffer is only read and the new entries are overlaid on the key
   blocks; the numbers are those of writing them first (row 2 writes past the end: dropped)."""
-  from hamburger_jax.model.attention import write_cache
+  from hamburger_jax.model.kv_cache import write_cache
   t = 4
   q, k, v = _inputs(t, seed=2)
   _, k_new, v_new = _inputs(t, seed=3)
   k_new, v_new = k_new[:, :t], v_new[:, :t]
   slots = jnp.asarray([0, 14, 35], jnp.int32)
-  written = cached_attention(q, write_cache(_flat(k), k_new, slots),
-                             write_cache(_flat(v), v_new, slots), slots, block=8)
-  overlaid = cached_attention(q, _flat(k), _flat(v), slots, block=8,
-                              new_kv=(_flat(k_new), _flat(v_new)))
+  written = cached_attention(q, {"k": write_cache(_flat(k), k_new, slots),
+                                 "v": write_cache(_flat(v), v_new, slots)}, slots, block=8)
+  overlaid = cached_attention(q, _layer(k, v), slots, block=8, new=_layer(k_new, v_new))
   np.testing.assert_array_equal(np.asarray(overlaid), np.asarray(written))

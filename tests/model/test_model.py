@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hamburger_jax.model.attention import init_cache
+from hamburger_jax.model.kv_cache import init_cache
 from hamburger_jax.model.batch import make_batch
 from hamburger_jax.model.config import get_preset
 from hamburger_jax.model.hamburger import HamburgerModel, init_params, param_count
