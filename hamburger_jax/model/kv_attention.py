@@ -4,14 +4,16 @@
     out = cached_attention(.., new=entries)     # entries [B, T, ..] per buffer, not yet written
 
 `layer` is one layer's buffers (`kv_cache`): k/v [B, L, K * H], or for int8 storage packed
-int8 values and their per-head scales [B, K, L] (blocks of them turned to [B, blk, K]), applied to the scores (keys) and to the probabilities (values), so no
-dequantized block is formed. The buffers keep the heads flat (K * H on the minor axis): on TPUs
-an H = 64 minor axis is padded to 128 lanes and the loop would copy the whole buffer into
-another layout; blocks are reshaped to [B, blk, K, H] (and cast to q's dtype) after slicing. Query t of row b sees the buffer's slots <= cache_slots[b] + t. The keys are read in blocks of
-`block` slots by a loop whose trip count is traced: blocks up to the highest slot any query sees,
-so a decode step costs what the filled part of the buffer costs, not its length L (one compile
-for every fill level). Online softmax in float32 across blocks; a block a row sees none of adds
-exactly zero to that row, so a row's numbers do not depend on the other rows' fill levels.
+int8 values and their per-head scales [B, K, L] (blocks of them turned to [B, blk, K]), applied
+to the scores (keys) and to the probabilities (values), so no dequantized block is formed. The
+buffers keep the heads flat (K * H on the minor axis): on TPUs an H = 64 minor axis is padded
+to 128 lanes and the loop would copy the whole buffer into another layout; blocks are reshaped
+to [B, blk, K, H] (and cast to q's dtype) after slicing. Query t of row b sees the buffer's
+slots <= cache_slots[b] + t. The keys are read in blocks of `block` slots by a loop whose trip
+count is traced: blocks up to the highest slot any query sees, so a decode step costs what the
+filled part of the buffer costs, not its length L (one compile for every fill level). Online
+softmax in float32 across blocks; a block a row sees none of adds exactly zero to that row, so
+a row's numbers do not depend on the other rows' fill levels.
 """
 
 from __future__ import annotations

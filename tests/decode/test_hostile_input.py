@@ -135,7 +135,7 @@ def test_cap_flags_are_range_checked(unread, kwargs, message):
 def test_prompt_file_decodes_in_chunks_printed_in_order(ckpt, tmp_path, monkeypatch):
   rows = []
   monkeypatch.setattr(cli, "check_buffer_memory",
-                      lambda llama, n, length, available=None: rows.append(n))
+                      lambda llama, n, length, available=None, kv_dtype="model": rows.append(n))
   path = tmp_path / "prompts.txt"
   path.write_text("1,5,7\n1,9\n\n3,4\n")
   code, out, err = _run(ckpt=ckpt, token_ids=True, prompt_file=str(path), batch_size=2,

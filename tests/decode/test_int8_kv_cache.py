@@ -12,6 +12,7 @@ from hamburger_jax.decode.cli import DecodeArgs, run
 from hamburger_jax.decode.prompts import UsageError
 from hamburger_jax.decode.sampler import DecodeInputError, Sampler
 from hamburger_jax.serve import cli as serve_cli
+from hamburger_jax.testing.fixtures import make_tiny_checkpoint
 from tests.decode.helpers import CACHE_LENGTH, OUT_LENGTH, small_model
 
 PROMPTS = [[1, 5, 7], [3, 9, 11, 2, 4], [7], [8, 8, 8, 8]]
@@ -46,3 +47,15 @@ def test_a_bad_kv_cache_is_one_clear_error(tmp_path):
   with pytest.raises(UsageError, match="--kv_cache 'int4' is unknown"):
     serve_cli.check_args(serve_cli.parse_args(["--ckpt", str(tmp_path), "--kv_cache", "int4"]))
   serve_cli.check_args(serve_cli.parse_args(["--ckpt", str(tmp_path), "--kv_cache", "int8"]))
+
+
+@pytest.mark.slow
+def test_the_server_decodes_with_int8_buffers(tmp_path):
+  path = make_tiny_checkpoint(str(tmp_path / "tiny"))
+  args = serve_cli.ServeArgs(ckpt=path, token_ids=True, kv_cache="int8", cache_length=32,
+                             num_slots=2, chunk_steps=2)
+  service = serve_cli.build(args)                   # warmed up: one request decoded
+  batcher = service.worker.engine
+  assert batcher.engine.kv_cache == "int8"
+  (completion,) = batcher.generate([Request([1, 5, 7], 6, 0.5)])
+  assert len(completion.tokens) == 6 and completion.finish_reason == "length"
