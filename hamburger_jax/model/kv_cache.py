@@ -5,13 +5,13 @@
     entries = make_entries(layer_cache, k [B, T, K, H], v)           # in the buffers' format
     layer_cache = write_entries(layer_cache, entries, slots [B])
 
-A layer's cache is a dict of [B, L, ...] buffers: {"k", "v"} [B, L, K * H] (heads flat: see
+A layer's cache is a dict of buffers, rows first: {"k", "v"} [B, L, K * H] (heads flat: see
 `kv_attention`). With int8 storage the values are int8 packed four to an int32 word, {"k", "v"}
 int32 [B, L, K * H / 4] (`unpack` -> int8 [.., K * H]; on TPUs an int8 buffer is tiled 32 slots
 deep and the loop would copy it whole every step to write one slot), and {"k_scale", "v_scale"}
 float32 [B, K, L] hold a symmetric scale per head vector of H values (max |x| / 127): entry
 (b, slot, head) reads `unpack(k)[b, slot, head] * k_scale[b, head, slot]`. The scales keep the
-slots on the minor axis (`SLOT_AXIS`): with K on it a TPU pads K = 8 to 128 lanes and copies
+slots on the minor axis (`slot_axis`): with K on it a TPU pads K = 8 to 128 lanes and copies
 the buffer whole every step. Every buffer has the rows first, so code that moves rows
 (continuous batching, compaction) maps over the dict's leaves.
 """
