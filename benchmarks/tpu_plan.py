@@ -30,7 +30,7 @@ a mesh both are one chip's (the floor: its shards of the weights and the KV cach
 --draft_vocab K: HAMburger's and verified decoding's drafts choose from K ids
 (`decode/draft_vocab.py`), so a drafting micro step reads K rows of the LM head, not all.
 --micro_layers N: the micro decoder (drafter) has N layers instead of the preset's.
---kv_cache int8: the KV buffers store int8 with a bfloat16 scale per head vector.
+--kv_cache int8: the KV buffers store int8 with a float32 scale per head vector.
 Writes {"rows": [...], "provenance"} to --out after every entry (default
 docs/results/data/tpu/tpu_plan.json).
 """

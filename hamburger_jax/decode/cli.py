@@ -325,7 +325,7 @@ _HELP = {
             "data, fsdp, tensor; their product = the devices): heads, kv heads, MLP and "
             "vocabulary split over tensor, rows over data ('' = one device)",
     "kv_cache": "what the KV buffers store: 'model' (the model's dtype) or 'int8' (int8 with a "
-                "bfloat16 scale per head vector: about half the KV bytes of bfloat16)",
+                "float32 scale per head vector: about half the KV bytes of bfloat16)",
 }
 
 

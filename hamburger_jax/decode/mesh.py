@@ -125,7 +125,8 @@ def place_state(mesh: Mesh | None, state: ds.DecodeState) -> ds.DecodeState:
 
 def state_shardings(mesh: Mesh, state: ds.DecodeState) -> ds.DecodeState:
   """NamedShardings of a decode state (arrays or abstract): KV buffers [B, L, K * H] (int8
-  scales [B, K, L]) by rows and kv heads, other per-row fields [B, ..] by rows, scalars replicated."""
+  scales [B, K, L]) by rows and kv heads, other per-row fields [B, ..] by rows, scalars
+  replicated."""
   with pt.activation_sharding(mesh, DECODE_RULES):
     named = lambda logical, x: NamedSharding(mesh, pt.mesh_axes(logical, x.shape))
     rows = lambda x: named((pt.BATCH,) + (None,) * (len(x.shape) - 1), x)

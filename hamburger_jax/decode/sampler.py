@@ -59,7 +59,7 @@ class Sampler:
   quantized already are kept), "int8:G" with a scale per group of G inputs; None or "none": the
   params as given.
   kv_cache: what the KV buffers store: "model" (the model's dtype) or "int8" (int8 values with a
-  bfloat16 scale per head vector, `model/kv_cache.py`: ~0.52x the bytes of bfloat16).
+  float32 scale per head vector, `model/kv_cache.py`: ~0.53x the bytes of bfloat16).
   """
 
   def __init__(self, cfg, params, *, base: bool = False, cache_length: int = 1024,

@@ -101,7 +101,7 @@ class ServeArgs:
   mesh: str = _flag("", "decode one model over a device mesh, e.g. 'tensor=4' or "
                         "'data=2,tensor=4' (their product = the devices; '' = one device)")
   kv_cache: str = _flag("model", "what the KV buffers store: 'model' (the model's dtype) or "
-                                 "'int8' (a bfloat16 scale per head vector; ~half the bytes)")
+                                 "'int8' (a float32 scale per head vector; ~half the bytes)")
   max_body_bytes: int = _flag(app_limits.MAX_BODY_BYTES, "largest request body (413 above it)")
   chars_per_token: int = _flag(
       service_limits.CHARS_PER_TOKEN, "prompts longer than this many characters per KV slot are "
