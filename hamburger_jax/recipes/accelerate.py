@@ -14,7 +14,10 @@ answers before and after (loss, micro-step accuracy, tokens per group, teacher f
 to --out: the grafted weights in bf16 as safetensors shards of at most 16 MiB
 (params-KKKKK-of-NNNNN.safetensors, read by the shipped loader), hamburger_config.json,
 draft_vocab.json (the shipped one) and manifest.json (how they were made: steps, batch, minutes,
-machine, held-out metrics). `--dry_run`: the same on a few answers at tiny sizes (CPU, ~1 minute).
+machine, held-out metrics). `--drafter_minutes M` keeps the last M of the minutes for the
+verification drafter (`recipes.accelerate_drafter`: more distilled answers, the base's features,
+the drafter trained and exported; M = --minutes runs it alone). `--dry_run`: the same on a few
+answers at tiny sizes (CPU, ~1 minute per stage).
 
 On the GPU machine (no network; Python 3.12 with JAX, Flax, Optax and Orbax), in N calls:
 
@@ -22,32 +25,37 @@ On the GPU machine (no network; Python 3.12 with JAX, Flax, Optax and Orbax), in
    downloads the 13 wheels the machine lacks (the base among them: 89 MiB; 98 MiB in all) and
    splits them into runs/accelerate/carry/1..N, as few as keep each call under 64 MiB with the
    working tree (recipes.accelerate_pack, `--bundle_mib` to change; repack whenever the tree has
-   changed). The whole checkout travels with each call: at 46 MiB of tracked files N = 7; on a
-   scratch branch that `git rm`s what the run never reads (assets/smollm2_hamburger/
-   verify_drafter.safetensors, tests/fixtures/official_tiny/*, docs/architecture.png; 25 MiB
-   left) N = 3 of 33 MiB, and the staging calls take seconds each.
+   changed). The whole checkout travels with each call: at 48 MiB of tracked files N = 7; on a
+   scratch branch that `git rm`s what the run never reads (tests/, docs/, notebooks/; 40 MiB left,
+   the verification drafter among them, which the drafter stage starts from) N = 5, and on one
+   that also drops assets/smollm2_hamburger/verify_drafter.safetensors (merged stage only; 25
+   MiB) N = 3. The staging calls take seconds each.
 2. Calls 1 to N - 1, back to back so that the machine stays warm (its /tmp is kept only while it
    is held), K = 1 .. N - 1:
        carry ["runs/accelerate/carry/K"]
        mkdir -p /tmp/hamburger_stage && cp runs/accelerate/carry/K/* /tmp/hamburger_stage/
 3. Call N, the run (timeout_s 600; 8 minutes of training leave ~1.5 for the copy and install):
        carry ["runs/accelerate/carry/N"]
-       set -o pipefail; mkdir -p /tmp/hamburger_stage && cp runs/accelerate/carry/N/* \
-       /tmp/hamburger_stage/ && PYTHONUNBUFFERED=1 python3 -m hamburger_jax.recipes.smollm2 \
-       accelerate --stage /tmp/hamburger_stage --minutes 8 --out $OUT/smollm2_hamburger \
-       2>&1 | tee $OUT/accelerate.log
+       mkdir -p /tmp/hamburger_stage && cp runs/accelerate/carry/N/* /tmp/hamburger_stage/ && \
+       PYTHONUNBUFFERED=1 python3 -m hamburger_jax.recipes.smollm2 accelerate --stage \
+       /tmp/hamburger_stage --minutes 8 --drafter_minutes 4 --out $OUT/smollm2_hamburger
    `--stage` joins the parts, checks their sha256 and installs the wheels into
    /tmp/hamburger_stage/site (a machine given back in between loses them: the join names the
    missing parts, and calls 1 to N - 1 are repeated). Back come smollm2_hamburger/{params-*-of-*
-   .safetensors (2), hamburger_config.json, manifest.json, draft_vocab.json} and accelerate.log:
-   6 files, about 24 MB. The run's log shows the timing, the planned steps and the held-out
-   metrics before and after; the manifest keeps them with the machine and the command.
+   .safetensors (2), hamburger_config.json, manifest.json, draft_vocab.json} and, from the
+   drafter stage, {sft_more.jsonl.gz, verify_drafter.safetensors, verify_drafter.json}: 8 files
+   (the most that come back), about 43 MB. The log (the call's output) shows the timing, the
+   planned steps and the held-out metrics before and after; manifest.json and
+   verify_drafter.json keep them with the machine and the command.
 
 Here, with the files brought back in DIR:
     python -m benchmarks.quality --asset_dir DIR --num_prompts 24 --max_new_tokens 48 \
         --confidences 0.35 --min_token_probs 0.8 --paired 1
 and the same without --asset_dir for the shipped weights; copying DIR's files over
-hamburger_jax/assets/smollm2_hamburger (removing its params.safetensors) ships them.
+hamburger_jax/assets/smollm2_hamburger (removing its params.safetensors) ships them. The drafter:
+`benchmarks.decode_speed --engine verify` with DIR/verify_drafter.safetensors copied into the
+asset, then the shipped one; DIR/sft_more.jsonl.gz appended to recipes/data/smollm2_v2_sft.jsonl.gz
+keeps the new answers for later runs (their lines then join --drafter_lines).
 """
 
 from __future__ import annotations
@@ -60,13 +68,17 @@ import statistics
 import time
 from typing import NamedTuple
 
+from hamburger_jax.recipes import accelerate_drafter
 from hamburger_jax.recipes import accelerate_pack
 from hamburger_jax.recipes import accelerate_steps as steps_lib
 from hamburger_jax.recipes.accelerate_steps import log
 
 # --dry_run: a few answers at tiny sizes (flags given explicitly still win).
 DRY_RUN = {"lines": "1:9", "eval_examples": 2, "batch_size": 1, "seq_len": 96, "max_steps": 2,
-           "probe_steps": 0, "minutes": 30.0}
+           "probe_steps": 0, "minutes": 30.0, "distill_prompts": 3, "distill_batch": 2,
+           "drafter_lines": "0:8", "calibrate_lines": "8:12", "heldout_lines": "9750:9754",
+           "drafter_batch": 16, "drafter_max_steps": 2, "distill_tokens": 8,
+           "calibrate_steps": 2}
 PLAN_FILE = "plan.json"
 EXPORT_S = 20.0          # export + manifest, kept free at the end (with the final evaluation)
 # The loop's restart after the probe, as a share of the probe's load and first step: on one H200
@@ -157,10 +169,19 @@ def use_compile_cache(workdir: str) -> None:
 
 
 def run(args) -> dict:
-  """The whole run (module docstring); -> the manifest written to args.out."""
-  clock = Clock(args.minutes)
+  """The whole run (module docstring); -> the manifest written to args.out (and the drafter
+  stage's report under "verify_drafter")."""
   if args.stage:
     accelerate_pack.install(args.stage)
+  record = run_merged(args) if args.minutes > args.drafter_minutes else {}
+  if args.drafter_minutes:
+    record["verify_drafter"] = accelerate_drafter.run(args, args.out)
+  return record
+
+
+def run_merged(args) -> dict:
+  """The merged weights' stage, in --minutes less --drafter_minutes."""
+  clock = Clock(args.minutes - args.drafter_minutes)
   from hamburger_jax.shipped.smollm2 import load_base
   from hamburger_jax.train.loop import evaluate
   workdir = os.path.abspath(args.workdir)
@@ -229,6 +250,7 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--max_steps", type=int, default=0, help="steps at most (0: no limit)")
   p.add_argument("--probe_steps", type=int, default=3, help="train steps timed after the first")
   p.add_argument("--dry_run", action="store_true", help=f"tiny sizes: {DRY_RUN}")
+  accelerate_drafter.add_flags(p)
   return p
 
 
@@ -247,9 +269,16 @@ def main(argv=None) -> dict | list | None:
     return bundles
   if not args.out:
     parser.error("--out is required (where the weights go)")
-  for name in ("batch_size", "seq_len", "eval_examples", "probe_steps"):
+  for name in ("batch_size", "seq_len", "eval_examples", "probe_steps", "distill_batch",
+               "distill_tokens", "drafter_batch", "drafter_max_steps", "calibrate_steps"):
     if getattr(args, name) < (0 if name == "probe_steps" else 1):
       parser.error(f"--{name} is too small: {getattr(args, name)}")
+  if not 0 <= args.drafter_minutes <= args.minutes:
+    parser.error(f"--drafter_minutes must be in 0..{args.minutes} (--minutes), got "
+                 f"{args.drafter_minutes}")
+  problem = accelerate_drafter.check_lines(args)
+  if problem:
+    parser.error(problem)
   args.argv = argv
   return run(args)
 

@@ -8,6 +8,9 @@ of its items is, so a held-out item never appears in a training prompt of any ki
 
     python -m hamburger_jax.recipes.broad_prompts --workdir runs/smollm2_v2 --num_train 10000 \
         --num_heldout 300 --mix_stdlib 1000
+
+More prompts later, none already answered: add `--exclude_answered` with the distilled answers
+(JSONL, .gz or plain, each line's "prompt").
 """
 
 from __future__ import annotations
@@ -286,6 +289,17 @@ def select(broad: list[dict], stdlib: list[dict], num_train: int, num_heldout: i
   return out
 
 
+def answered_prompts(path: str) -> set[str]:
+  """The "prompt" of each line of distilled answers (JSONL, gzipped when it ends in .gz)."""
+  import gzip
+  with (gzip.open if path.endswith(".gz") else open)(path, "rt", encoding="utf-8") as f:
+    rows = [json.loads(line) for line in f if line.strip()]
+  if not all(isinstance(r, dict) and isinstance(r.get("prompt"), str) for r in rows):
+    raise ValueError(f"--exclude_answered: {path} has a line without a \"prompt\" string; pass "
+                     "distilled answers (JSONL lines {\"prompt\": ..., \"response\": ...}).")
+  return {r["prompt"] for r in rows}
+
+
 class _Parser(argparse.ArgumentParser):
   def error(self, message):
     self.exit(2, f"{self.prog}: error: {message}\n")
@@ -301,6 +315,8 @@ def main(argv=None):
   parser.add_argument("--max_prompt_tokens", type=int, default=128,
                       help="drop longer prompts (SmolLM2 ChatML tokens); 0: keep all")
   parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--exclude_answered", default="",
+                      help="distilled answers (JSONL[.gz]): leave out the prompts they answer")
   args = parser.parse_args(argv)
   if args.num_train < 1 or args.num_heldout < 0 or args.max_prompt_tokens < 0:
     parser.error(f"--num_train must be >= 1, --num_heldout and --max_prompt_tokens >= 0, got "
@@ -310,11 +326,15 @@ def main(argv=None):
                  f"{args.mix_stdlib}")
   broad, std = broad_prompts(), stdlib_records() if args.mix_stdlib else []
   try:
+    if args.exclude_answered:
+      done = answered_prompts(args.exclude_answered)
+      broad, std = [p for p in broad if p["prompt"] not in done], [
+          p for p in std if p["prompt"] not in done]
     if args.max_prompt_tokens:
       broad, std = fitting(broad, args.max_prompt_tokens), fitting(std, args.max_prompt_tokens)
     out = select(broad, std, args.num_train, args.num_heldout, args.mix_stdlib,
                  random.Random(args.seed))
-  except (ValueError, FileNotFoundError) as e:
+  except (ValueError, OSError) as e:
     parser.error(str(e))
   os.makedirs(args.workdir, exist_ok=True)
   counts: dict = {}

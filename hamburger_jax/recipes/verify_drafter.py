@@ -42,6 +42,11 @@ def parse_lines(text: str) -> tuple[int, int]:
   return a, b
 
 
+def parse_ranges(text: str) -> list[tuple[int, int]]:
+  """"0:9250,10000:16000" -> [(0, 9250), (10000, 16000)] (each as parse_lines)."""
+  return [parse_lines(part) for part in text.split(",")]
+
+
 def cache_features(cfg, params, directory: str, lines: tuple[int, int], data: str = DATA) -> dict:
   """Computes the missing chunks of `lines` into `directory`; -> all of them concatenated."""
   from hamburger_jax.shipped.smollm2 import SYSTEM_PROMPT, cached_tokenizer_dir
@@ -77,7 +82,8 @@ def export(path: str, micro_params, how: dict) -> None:
 def _parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--workdir", required=True)
-  p.add_argument("--lines", default="0:3000", help="training answers (line range of the data)")
+  p.add_argument("--lines", default="0:3000",
+                 help="training answers: line ranges of the data, e.g. 0:9250,10000:16000")
   p.add_argument("--heldout_lines", default="9750:10000", help="held-out answers (never trained)")
   p.add_argument("--steps", type=int, default=1500)
   p.add_argument("--batch", type=int, default=256)
@@ -95,8 +101,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> None:
   a = _parser().parse_args(argv)
-  lines, heldout_lines = parse_lines(a.lines), parse_lines(a.heldout_lines)
-  ranges = [lines] + ([parse_lines(a.calibrate_lines)] if a.calibrate_lines else [])
+  lines, heldout_lines = parse_ranges(a.lines), parse_lines(a.heldout_lines)
+  ranges = lines + (parse_ranges(a.calibrate_lines) if a.calibrate_lines else [])
   if any(max(r) > min(heldout_lines) and min(r) < max(heldout_lines) for r in ranges):
     raise SystemExit("--lines / --calibrate_lines overlap --heldout_lines: held-out answers must "
                      "not be trained.")
@@ -111,12 +117,14 @@ def main(argv=None) -> None:
   from hamburger_jax.train import drafter
   cfg, shipped, _, _ = load_shipped()
   draft_ids = draft_vocab_lib.load(os.path.join(ASSET_DIR, draft_vocab_lib.FILE_NAME))
-  features = lambda name, r: drafter.prepare(
-      cache_features(cfg, shipped, os.path.join(a.workdir, "features", name), r), draft_ids,
-      cfg.base.vocab_size)
-  heldout = features("heldout", heldout_lines)
+  def features(name, ranges):
+    parts = [cache_features(cfg, shipped, os.path.join(a.workdir, "features", name), r)
+             for r in ranges]
+    return drafter.prepare({k: np.concatenate([p[k] for p in parts]) for k in parts[0]},
+                           draft_ids, cfg.base.vocab_size)
+  heldout = features("heldout", [heldout_lines])
   train_data = features("train", lines) if a.steps else None
-  calibrate = features("train", parse_lines(a.calibrate_lines)) if a.calibrate_lines else None
+  calibrate = features("train", parse_ranges(a.calibrate_lines)) if a.calibrate_lines else None
   if a.features_only:
     return
   params = load_verify_drafter(a.workdir, shipped) if a.resume else shipped

@@ -105,7 +105,8 @@ def compute_features(cfg, params, pairs: Sequence[tuple[list[int], list[int]]],
     rows = max(1, ROWS_TOKENS // t)
     chunk = order[i:i + rows]
     t = -(-max(len(pairs[j][0]) + len(pairs[j][1]) for j in chunk) // LENGTH_BUCKET) * LENGTH_BUCKET
-    tokens = np.zeros((rows, t), np.int32)
+    # A short last chunk: rows padded to a power of two, not to the full batch.
+    tokens = np.zeros((min(rows, 1 << (len(chunk) - 1).bit_length()), t), np.int32)
     for r, j in enumerate(chunk):
       seq = pairs[j][0] + pairs[j][1]
       tokens[r, :len(seq)] = seq

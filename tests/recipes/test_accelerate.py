@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 
+import jax
 import numpy as np
 import pytest
 
@@ -105,3 +106,40 @@ def test_dry_run_trains_evaluates_and_exports_loadable_shards(tmp_path):
       [tok.encode("What is 2 plus 2?", chat=True, system=smollm2.SYSTEM_PROMPT)],
       max_new_tokens=4)
   assert len(result.tokens[0]) >= 1
+
+
+@pytest.mark.slow
+def test_drafter_stage_dry_run_distils_trains_and_exports_a_loadable_drafter(tmp_path):
+  # --drafter_minutes == --minutes: the drafter stage alone (the merged stage is tested above).
+  from hamburger_jax.decode.checkpoint import VERIFY_DRAFTER_FILE, load_verify_drafter
+  from hamburger_jax.recipes import accelerate_drafter, broad_prompts, verify_drafter
+  from hamburger_jax.shipped import smollm2
+  out = tmp_path / "out"
+  record = accelerate.main(["--dry_run", "--workdir", str(tmp_path / "work"), "--out", str(out),
+                            "--drafter_minutes", "30"])
+  report = record["verify_drafter"]
+  assert sorted(os.listdir(out)) == sorted(accelerate_drafter.FILES)
+  new = broad_prompts.answered_prompts(str(out / "sft_more.jsonl.gz"))
+  assert len(new) == 3 and not new & broad_prompts.answered_prompts(verify_drafter.DATA)
+  assert report["how"]["steps"] == 2
+  for when in ("heldout_before", "heldout_after"):
+    assert report[when]["positions"] > 0 and report[when]["tokens_per_forward"] >= 1
+  shutil.copy(out / "verify_drafter.safetensors", tmp_path / VERIFY_DRAFTER_FILE)
+  _, shipped, _, _ = smollm2.load_shipped()
+  params = load_verify_drafter(str(tmp_path), shipped)
+  before = load_verify_drafter(smollm2.ASSET_DIR, shipped)
+  assert any(not np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(
+      jax.tree.leaves(params["micro_decoder"]), jax.tree.leaves(before["micro_decoder"])))
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--drafter_minutes", "9"], "--drafter_minutes"),
+    (["--drafter_lines", "0:9800"], "overlap --heldout_lines"),
+    (["--calibrate_lines", "a:b"], "0:3000"),
+    (["--drafter_batch", "0"], "--drafter_batch"),
+])
+def test_drafter_stage_bad_flags_exit_2_before_any_work(flags, words, tmp_path, capsys):
+  with pytest.raises(SystemExit) as e:
+    accelerate.main(["--out", str(tmp_path / "out"), "--minutes", "8", *flags])
+  assert e.value.code == 2 and words in capsys.readouterr().err
+  assert not (tmp_path / "out").exists()

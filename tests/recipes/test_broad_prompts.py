@@ -1,5 +1,6 @@
 """Broad offline prompts: deterministic, varied, split by item without leaks, CLI files and errors."""
 
+import gzip
 import hashlib
 import json
 import os
@@ -126,3 +127,34 @@ def test_stdlib_records_drop_memory_addresses(monkeypatch):
   monkeypatch.setattr(sp, "stdlib_prompts", lambda: fake)
   assert bp.stdlib_records() == [{"prompt": fake[1]["prompt"], "kind": "stdlib_describe",
                                   "source": "python", "split": "heldout", "item": "m.g"}]
+
+
+def test_exclude_answered_leaves_out_distilled_prompts(prompts, tmp_path, monkeypatch):
+  monkeypatch.setattr(bp, "broad_prompts", lambda: prompts)
+  monkeypatch.setattr(bp, "stdlib_records", lambda: [])
+  first = tmp_path / "first"
+  bp.main(["--workdir", str(first), "--num_train", "300", "--num_heldout", "0",
+           "--max_prompt_tokens", "0"])
+  answered = tmp_path / "sft.jsonl.gz"
+
+  with gzip.open(answered, "wt") as f:
+    for p in _read(first / "prompts_train.jsonl"):
+      f.write(json.dumps({"prompt": p["prompt"], "response": "x", "finish": "eos"}) + "\n")
+  more = tmp_path / "more"
+  bp.main(["--workdir", str(more), "--num_train", "300", "--num_heldout", "0",
+           "--max_prompt_tokens", "0", "--exclude_answered", str(answered)])
+  old, new = _read(first / "prompts_train.jsonl"), _read(more / "prompts_train.jsonl")
+  assert len(new) == 300 and not {p["prompt"] for p in old} & {p["prompt"] for p in new}
+
+
+def test_exclude_answered_bad_file_one_line_exit_2(prompts, tmp_path, monkeypatch, capsys):
+  monkeypatch.setattr(bp, "broad_prompts", lambda: prompts)
+  bad = tmp_path / "answers.jsonl"
+  bad.write_text('{"response": "no prompt here"}\n')
+  for path, words in ((bad, "without a \"prompt\""), (tmp_path / "missing.jsonl", "No such")):
+    with pytest.raises(SystemExit) as e:
+      bp.main(["--workdir", str(tmp_path / "out"), "--max_prompt_tokens", "0",
+               "--exclude_answered", str(path)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and words in err and err.count("\n") == 1
+  assert not os.path.exists(tmp_path / "out" / "prompts_train.jsonl")

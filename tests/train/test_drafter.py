@@ -126,9 +126,13 @@ def test_the_recipe_refuses_training_on_held_out_answers():
     verify_drafter.parse_lines("a:b")
   with pytest.raises(ValueError, match="empty"):
     verify_drafter.parse_lines("5:5")
+  assert verify_drafter.parse_ranges("0:9250,10000:16000") == [(0, 9250), (10000, 16000)]
   with pytest.raises(SystemExit, match="held-out"):
     verify_drafter.main(["--workdir", "/nonexistent", "--lines", "0:100",
                          "--calibrate_lines", "9800:9900", "--heldout_lines", "9750:10000"])
+  with pytest.raises(SystemExit, match="held-out"):
+    verify_drafter.main(["--workdir", "/nonexistent", "--lines", "0:100,9900:12000",
+                         "--heldout_lines", "9750:10000"])
 
 
 def test_resume_without_a_trained_drafter_is_refused_before_any_work(tmp_path):
