@@ -26,6 +26,7 @@ import json
 import os
 import time
 
+import jax
 import numpy as np
 
 from hamburger_jax.recipes.accelerate_steps import log
@@ -133,18 +134,21 @@ def run(args, out: str) -> dict:
   deadline = start + 60 * args.drafter_minutes
   os.makedirs(out, exist_ok=True)
   prompts = new_prompts(args.distill_prompts) if args.distill_prompts else []
-  more = distill(prompts, args.distill_batch, args.distill_tokens,
-                 start + 60 * args.drafter_minutes * args.distill_share) if prompts else []
+  # The base's answers and argmax targets in full float32 (a GPU's default rounds dots to TF32:
+  # near-ties would flip against the answers decoded here).
+  with jax.default_matmul_precision("highest"):
+    more = distill(prompts, args.distill_batch, args.distill_tokens,
+                   start + 60 * args.drafter_minutes * args.distill_share) if prompts else []
   write_answers(os.path.join(out, FILES[0]), more)
   log(f"drafter: {len(more)} new answers distilled ({time.time() - start:.0f} s)")
   cfg, shipped, _, _ = load_shipped()
   params = load_verify_drafter(ASSET_DIR, shipped)
   draft_ids = draft_vocab_lib.load(os.path.join(ASSET_DIR, draft_vocab_lib.FILE_NAME))
   train_records = shipped_records(parse_ranges(args.drafter_lines)) + more
-  data, heldout, calibrate = [
-      drafter.prepare(c, draft_ids, cfg.base.vocab_size) for c in features(cfg, shipped, [
-          train_records, shipped_records([parse_lines(args.heldout_lines)]),
-          shipped_records(parse_ranges(args.calibrate_lines))])]
+  with jax.default_matmul_precision("highest"):
+    caches = features(cfg, shipped, [train_records, shipped_records([parse_lines(
+        args.heldout_lines)]), shipped_records(parse_ranges(args.calibrate_lines))])
+  data, heldout, calibrate = [drafter.prepare(c, draft_ids, cfg.base.vocab_size) for c in caches]
   before = drafter.acceptance(cfg, params, draft_ids, heldout)
   log(f"drafter: features of {len(train_records)} answers ({time.time() - start:.0f} s); "
       f"held out before: {_brief(before)}")
