@@ -101,8 +101,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> None:
   a = _parser().parse_args(argv)
-  lines, heldout_lines = parse_ranges(a.lines), parse_lines(a.heldout_lines)
-  ranges = lines + (parse_ranges(a.calibrate_lines) if a.calibrate_lines else [])
+  try:
+    lines, heldout_lines = parse_ranges(a.lines), parse_lines(a.heldout_lines)
+    ranges = lines + (parse_ranges(a.calibrate_lines) if a.calibrate_lines else [])
+  except ValueError as e:
+    raise SystemExit(f"verify_drafter: {e}") from None
   if any(max(r) > min(heldout_lines) and min(r) < max(heldout_lines) for r in ranges):
     raise SystemExit("--lines / --calibrate_lines overlap --heldout_lines: held-out answers must "
                      "not be trained.")

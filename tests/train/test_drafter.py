@@ -133,6 +133,8 @@ def test_the_recipe_refuses_training_on_held_out_answers():
   with pytest.raises(SystemExit, match="held-out"):
     verify_drafter.main(["--workdir", "/nonexistent", "--lines", "0:100,9900:12000",
                          "--heldout_lines", "9750:10000"])
+  with pytest.raises(SystemExit, match="must look like 0:3000"):
+    verify_drafter.main(["--workdir", "/nonexistent", "--lines", "0:100,x"])
 
 
 def test_resume_without_a_trained_drafter_is_refused_before_any_work(tmp_path):
