@@ -67,3 +67,11 @@ def sampler_generate(cfg, params, eos_ids: Sequence[int], max_prompt_tokens: int
     return [list(t) for t in sampler.decode([list(p) for p in prompts],
                                             max_new_tokens=max_new_tokens).tokens]
   return generate
+
+
+def answer_record(prompt: str, ids: Sequence[int], eos_ids: Sequence[int], decode) -> dict:
+  """One distilled answer as stored: {prompt, response (end tokens dropped), finish: "eos" when the
+  model stopped, else "length"}."""
+  finish = "eos" if ids and ids[-1] in eos_ids else "length"
+  return {"prompt": prompt, "response": decode([t for t in ids if t not in eos_ids]),
+          "finish": finish}

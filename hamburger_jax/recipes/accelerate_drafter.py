@@ -52,7 +52,7 @@ def new_prompts(limit: int) -> list[str]:
 def distill(prompts: list[str], batch: int, max_new_tokens: int, deadline: float) -> list[dict]:
   """The base's greedy answers {prompt, response, finish} to `prompts`, whole batches while
   time.time() < deadline (the last batch padded to `batch`: one compiled program)."""
-  from hamburger_jax.data.distill import sampler_generate
+  from hamburger_jax.data.distill import answer_record, sampler_generate
   from hamburger_jax.shipped.smollm2 import SYSTEM_PROMPT, cached_tokenizer_dir, load_base
   from hamburger_jax.text.tokenizer import Tokenizer
   tok = Tokenizer(cached_tokenizer_dir())
@@ -65,10 +65,7 @@ def distill(prompts: list[str], batch: int, max_new_tokens: int, deadline: float
     chunk = prompts[a:a + batch]
     ids = [tok.encode(p, chat=True, system=SYSTEM_PROMPT) for p in chunk]
     answers = generate(ids + [ids[-1]] * (batch - len(ids)))[:len(chunk)]
-    for prompt, answer in zip(chunk, answers):
-      finish = "eos" if answer and answer[-1] in cfg.eos_token_ids else "length"
-      answer = [t for t in answer if t not in cfg.eos_token_ids]
-      out.append({"prompt": prompt, "response": tok.decode(answer), "finish": finish})
+    out += [answer_record(p, a, cfg.eos_token_ids, tok.decode) for p, a in zip(chunk, answers)]
   return out
 
 
@@ -178,13 +175,13 @@ def run(args, out: str) -> dict:
 def check_lines(args) -> str:
   """'' when the line ranges parse and no training or calibration line is held out, else the
   problem in one line."""
-  from hamburger_jax.recipes.verify_drafter import parse_lines, parse_ranges
+  from hamburger_jax.recipes.verify_drafter import parse_lines, parse_ranges, trains_held_out
   try:
     held = parse_lines(args.heldout_lines)
     ranges = parse_ranges(args.drafter_lines) + parse_ranges(args.calibrate_lines)
   except ValueError as e:
     return str(e)
-  if any(a < held[1] and held[0] < b for a, b in ranges):
+  if trains_held_out(ranges, held):
     return (f"--drafter_lines / --calibrate_lines overlap --heldout_lines {args.heldout_lines}: "
             "held-out answers must not be trained.")
   return ""

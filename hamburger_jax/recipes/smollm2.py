@@ -70,7 +70,7 @@ def step_prompts(workdir: str, num_train: int, num_heldout: int, seed: int = 0) 
 def step_distill(workdir: str, max_new_tokens: int, batch_size: int, max_prompt_tokens: int) -> None:
   """Appends SmolLM2's greedy answers to sft.jsonl, `batch_size` prompts per decode call and
   write; prompts already answered are skipped."""
-  from hamburger_jax.data.distill import sampler_generate
+  from hamburger_jax.data.distill import answer_record, sampler_generate
   from hamburger_jax.text.tokenizer import Tokenizer
   tok = Tokenizer(write_tokenizer(workdir))
   with open(os.path.join(workdir, "prompts_train.jsonl")) as f:
@@ -90,11 +90,8 @@ def step_distill(workdir: str, max_new_tokens: int, batch_size: int, max_prompt_
     answers = generate([ids for _, ids in chunk])
     with open(out_path, "a") as f:
       for (prompt, _), ids in zip(chunk, answers):
-        finish = "eos" if ids and ids[-1] in cfg.eos_token_ids else "length"
-        ids = [t for t in ids if t not in cfg.eos_token_ids]
-        f.write(json.dumps({"prompt": prompt, "response": tok.decode(ids),
-                            "finish": finish}) + "\n")
-        tokens += len(ids)
+        f.write(json.dumps(answer_record(prompt, ids, cfg.eos_token_ids, tok.decode)) + "\n")
+        tokens += sum(t not in cfg.eos_token_ids for t in ids)
     print(f"distill: {i + len(chunk)}/{len(encoded)} prompts, {tokens} tokens, "
           f"{tokens / (time.time() - t0):.1f} tokens/s", flush=True)
 

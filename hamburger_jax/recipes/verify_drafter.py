@@ -47,6 +47,11 @@ def parse_ranges(text: str) -> list[tuple[int, int]]:
   return [parse_lines(part) for part in text.split(",")]
 
 
+def trains_held_out(ranges: list[tuple[int, int]], heldout: tuple[int, int]) -> bool:
+  """Whether any training / calibration range shares a line with the held-out range."""
+  return any(a < heldout[1] and heldout[0] < b for a, b in ranges)
+
+
 def cache_features(cfg, params, directory: str, lines: tuple[int, int], data: str = DATA) -> dict:
   """Computes the missing chunks of `lines` into `directory`; -> all of them concatenated."""
   from hamburger_jax.shipped.smollm2 import SYSTEM_PROMPT, cached_tokenizer_dir
@@ -106,7 +111,7 @@ def main(argv=None) -> None:
     ranges = lines + (parse_ranges(a.calibrate_lines) if a.calibrate_lines else [])
   except ValueError as e:
     raise SystemExit(f"verify_drafter: {e}") from None
-  if any(max(r) > min(heldout_lines) and min(r) < max(heldout_lines) for r in ranges):
+  if trains_held_out(ranges, heldout_lines):
     raise SystemExit("--lines / --calibrate_lines overlap --heldout_lines: held-out answers must "
                      "not be trained.")
   resume_from = os.path.join(a.workdir, "verify_drafter.safetensors")
