@@ -189,7 +189,8 @@ def check_lines(args) -> str:
 
 def _brief(m: dict) -> str:
   return (f"acceptance {' / '.join(f'{a:.3f}' for a in m['conditional_acceptance'])}, "
-          f"{m['tokens_per_forward']:.3f} tokens per forward")
+          f"{m['tokens_per_forward']:.3f} tokens per forward teacher forced, "
+          f"{m['decoded_tokens_per_forward']:.3f} decoded (walk)")
 
 
 def add_flags(p) -> None:

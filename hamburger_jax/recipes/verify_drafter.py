@@ -10,7 +10,8 @@ Steps (each resumable; the base runs only in the first):
   train     the micro decoder + stop head from the shipped ones, on the cache
             (`hamburger_jax.train.drafter`); then the stop head alone on answers the drafter
             never saw (--calibrate_lines: it learns the acceptance it will meet, not the
-            drafter's fit); teacher-forced acceptance on the held-out answers before and after
+            drafter's fit); teacher-forced acceptance on the held-out answers before and after,
+            and the tokens per forward decoding them would get (`drafter.decode_walk`)
             -> WORKDIR/report.json
   export    WORKDIR/verify_drafter.safetensors (bf16, the micro decoder only); copy it into the
             checkpoint dir (`--install`) to have `--verify` decode with it

@@ -14,6 +14,12 @@ and its target is in the draft vocabulary (drafts choose only from it).
 
     metrics = acceptance(cfg, params, draft_ids, cache)   # per draft index, teacher forced
     params, log = train(cfg, params, draft_ids, train_cache, steps=..., batch=...)
+
+Teacher forcing averages over every position; verified decoding visits only the positions after
+each forward's last committed token, and those are harder (a rejection leaves the drafter at a
+token it did not expect). `acceptance` therefore also walks each answer as greedy verified
+decoding would (`decode_walk`): its tokens per forward are what the decode loop gets on the same
+answers, not the teacher-forced average.
 """
 
 from __future__ import annotations
@@ -78,17 +84,44 @@ def _loss(cfg, params, micro, draft_ids, batch, stop_weight):
   return ce + stop_weight * bce, (ce, bce, accepted, valid)
 
 
+ROW_KEYS = ("features", "teacher", "valid", "target_index")     # per cached position
+
+
 def prepare(cache: dict, draft_ids: np.ndarray, vocab_size: int) -> dict:
-  """The cache -> the arrays a batch is cut from (features, teacher, valid, target_index)."""
-  return {"features": cache["features"], "teacher": cache["teacher"],
+  """The cache -> the arrays a batch is cut from (ROW_KEYS), and answer_rows [A] (positions per
+  answer, in order) when the cache has them."""
+  data = {"features": cache["features"], "teacher": cache["teacher"],
           "valid": valid_steps(cache["teacher"], cache["greedy"], draft_ids),
           "target_index": _index_in_draft(cache["greedy"], draft_ids, vocab_size)}
+  if "answer_rows" in cache:
+    data["answer_rows"] = cache["answer_rows"]
+  return data
+
+
+def decode_walk(prefix: np.ndarray, answer_rows: np.ndarray) -> float:
+  """Tokens per forward of greedy verified decoding over cached answers.
+
+  prefix [N]: at each position, how many of its drafts the base accepts (teacher forced);
+  answer_rows [A]: positions per answer (row r of an answer drafts after its token r). The first
+  forward (the prompt's) commits token 0; a forward whose last committed token is r commits
+  prefix[r] drafts and the base's next token, so the walk visits only those rows.
+  """
+  forwards, start = 0, 0
+  for n in np.asarray(answer_rows).tolist():
+    r, steps = 0, 1
+    while r + 1 < n:
+      r += min(int(prefix[start + r]), n - 2 - r) + 1
+      steps += 1
+    forwards, start = forwards + steps, start + n
+  return float(np.sum(answer_rows) / max(forwards, 1))
 
 
 def acceptance(cfg, params, draft_ids, data: dict, batch: int = 512) -> dict:
   """Teacher-forced acceptance on `data` (from `prepare`): per draft index j, the fraction of
   drafts the base accepts given every earlier one was, and the tokens per forward with S - 1
-  drafts always proposed (1 + expected accepted prefix)."""
+  drafts always proposed (1 + expected accepted prefix, over the positions whose drafts all lie
+  inside the answer; "every_position": over all of them, drafts past the end rejected); with
+  answer_rows, also the tokens per forward of decoding the answers (`decode_walk`)."""
   fn = jax.jit(lambda p, ids, f, t: _outputs(cfg, p, p["micro_decoder"], ids, f, t))
   s = cfg.max_steps
   params, ids = _frozen(params), jnp.asarray(draft_ids)
@@ -105,8 +138,12 @@ def acceptance(cfg, params, draft_ids, data: dict, batch: int = 512) -> dict:
   rows = data["valid"][:, 1:].all(axis=1)
   conditional = [float(np.sum(prefix[rows, j]) / max(np.sum(reached[rows, j]), 1))
                  for j in range(s - 1)]
-  return {"positions": int(np.sum(rows)), "conditional_acceptance": conditional,
-          "tokens_per_forward": float(1.0 + np.mean(np.sum(prefix[rows], axis=1)))}
+  out = {"positions": int(np.sum(rows)), "conditional_acceptance": conditional,
+         "tokens_per_forward": float(1.0 + np.mean(np.sum(prefix[rows], axis=1))),
+         "every_position": float(1.0 + np.mean(np.sum(prefix, axis=1)))}
+  if "answer_rows" in data:
+    out["decoded_tokens_per_forward"] = decode_walk(np.sum(prefix, axis=1), data["answer_rows"])
+  return out
 
 
 def train(cfg, params, draft_ids, data: dict, *, steps: int, batch: int = 256, lr: float = 3e-4,
@@ -143,7 +180,7 @@ def train(cfg, params, draft_ids, data: dict, *, steps: int, batch: int = 256, l
   history, t0 = [], time.time()
   for i in range(1, steps + 1):
     pick = rng.choice(rows, size=batch, replace=False)
-    b = {k: jnp.asarray(v[pick]) for k, v in data.items()}
+    b = {k: jnp.asarray(data[k][pick]) for k in ROW_KEYS}
     micro, state, m = step(frozen, micro, state, b)
     if i % log_every == 0 or i == steps:
       row = {"step": i, **{k: float(v) for k, v in m.items()}, "seconds": time.time() - t0}

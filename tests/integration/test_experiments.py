@@ -8,7 +8,8 @@ import os
 import numpy as np
 import pytest
 
-from experiments import merged_context, nll_by_token_kind as nk, smollm2_ablation, stop_refit
+from experiments import drafter_walk, merged_context, nll_by_token_kind as nk
+from experiments import smollm2_ablation, stop_refit
 
 
 def _eval(step, loss):
@@ -110,3 +111,10 @@ def test_nll_by_token_kind_rejects_a_missing_asset(capsys, tmp_path):
     nk.main(["--asset_dir", str(tmp_path / "none"), "--num_prompts", "1"])
   err = capsys.readouterr().err
   assert "--asset_dir: No shipped HAMburger weights" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv", [["--prompts", "0"], ["--max_new_tokens", "1"]])
+def test_drafter_walk_rejects_bad_counts_before_any_work(capsys, argv):
+  with pytest.raises(SystemExit):
+    drafter_walk.main(argv + ["--out", ""])
+  assert "--prompts must be >= 1 and --max_new_tokens >= 2" in capsys.readouterr().err

@@ -124,6 +124,7 @@ def test_drafter_stage_dry_run_distils_trains_and_exports_a_loadable_drafter(tmp
   assert report["how"]["steps"] == 2
   for when in ("heldout_before", "heldout_after"):
     assert report[when]["positions"] > 0 and report[when]["tokens_per_forward"] >= 1
+    assert 1 <= report[when]["decoded_tokens_per_forward"] <= 4     # S = 4 tokens at most
   shutil.copy(out / "verify_drafter.safetensors", tmp_path / VERIFY_DRAFTER_FILE)
   _, shipped, _, _ = smollm2.load_shipped()
   params = load_verify_drafter(str(tmp_path), shipped)

@@ -23,6 +23,15 @@ def test_valid_steps_follow_the_greedy_path_and_the_draft_vocabulary():
                                       [0, 1, 0, 0]])    # 3 is not draftable, -1 past the end
 
 
+def test_the_decode_walk_visits_only_the_rows_after_each_committed_token():
+  # Answer 1 (6 tokens): forward 1 commits token 0; row 0 accepts 2 -> tokens 1-3; row 3 accepts
+  # 3 but only 1 draft is left (tokens 4, 5): 3 forwards. Answer 2 (2 tokens): row 0 accepts 0
+  # -> token 1: 2 forwards. Rows 1, 2, 4, 5 of answer 1 are never visited.
+  prefix = np.array([2, 0, 0, 3, 0, 0, 0, 3])
+  assert drafter.decode_walk(prefix, np.array([6, 2])) == 8 / 5
+  assert drafter.decode_walk(np.array([0, 0, 0]), np.array([3])) == 1.0
+
+
 @functools.lru_cache(maxsize=None)
 def _decoded():
   """Verified greedy answers of the drafting model, three drafts proposed every forward."""
@@ -54,6 +63,11 @@ def test_cached_features_reproduce_what_verified_decoding_accepted():
       assert prefix[row] == sizes[k] - 1, (r, k)
       compared += 1
   assert compared > 20 and 0 < sum(prefix) < 3 * len(prefix)
+  # Walking the answers on the cached acceptance gives the decode loop's tokens per forward.
+  decoded = sum(len(t) for t in result.tokens) / sum(result.macro_steps)
+  assert drafter.decode_walk(prefix, cache["answer_rows"]) == pytest.approx(decoded, abs=1e-12)
+  assert drafter.acceptance(cfg, params, vocab, data)["decoded_tokens_per_forward"] == \
+      pytest.approx(decoded, abs=1e-12)
 
 
 @pytest.mark.slow
