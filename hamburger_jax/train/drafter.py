@@ -98,22 +98,45 @@ def prepare(cache: dict, draft_ids: np.ndarray, vocab_size: int) -> dict:
   return data
 
 
-def decode_walk(prefix: np.ndarray, answer_rows: np.ndarray) -> float:
-  """Tokens per forward of greedy verified decoding over cached answers.
+def walk_rows(prefix: np.ndarray, answer_rows: np.ndarray) -> np.ndarray:
+  """[N] bool: the positions greedy verified decoding drafts from, walking cached answers.
 
   prefix [N]: at each position, how many of its drafts the base accepts (teacher forced);
   answer_rows [A]: positions per answer (row r of an answer drafts after its token r). The first
-  forward (the prompt's) commits token 0; a forward whose last committed token is r commits
-  prefix[r] drafts and the base's next token, so the walk visits only those rows.
+  forward (the prompt's) commits token 0 and drafts from row 0; a forward verifying row r's drafts
+  commits prefix[r] of them and the base's next token, and the next drafts come from the row of
+  that token, so the walk visits only those rows.
   """
-  forwards, start = 0, 0
+  visited = np.zeros(len(prefix), bool)
+  start = 0
   for n in np.asarray(answer_rows).tolist():
-    r, steps = 0, 1
+    r = 0
     while r + 1 < n:
+      visited[start + r] = True
       r += min(int(prefix[start + r]), n - 2 - r) + 1
-      steps += 1
-    forwards, start = forwards + steps, start + n
+    start += n
+  return visited
+
+
+def decode_walk(prefix: np.ndarray, answer_rows: np.ndarray) -> float:
+  """Tokens per forward of greedy verified decoding over cached answers (`walk_rows`): each
+  answer takes the prompt's forward plus one per visited row."""
+  forwards = len(answer_rows) + int(np.sum(walk_rows(prefix, answer_rows)))
   return float(np.sum(answer_rows) / max(forwards, 1))
+
+
+def accepted_drafts(cfg, params, draft_ids, data: dict, batch: int = 512) -> np.ndarray:
+  """[N, S-1] bool, teacher forced on `data` (from `prepare`): draft j of each position is the
+  base's token and every draft before it was."""
+  fn = jax.jit(lambda p, ids, f, t: _outputs(cfg, p, p["micro_decoder"], ids, f, t))
+  params, ids = _frozen(params), jnp.asarray(draft_ids)
+  hits = []
+  for a in range(0, len(data["teacher"]), batch):
+    logits, _ = fn(params, ids, jnp.asarray(data["features"][a:a + batch]),
+                   jnp.asarray(data["teacher"][a:a + batch]))
+    ok = (np.asarray(jnp.argmax(logits, -1)) == data["target_index"][a:a + batch])
+    hits.append(ok & data["valid"][a:a + batch])
+  return np.cumprod(np.concatenate(hits)[:, 1:], axis=1).astype(bool)
 
 
 def acceptance(cfg, params, draft_ids, data: dict, batch: int = 512) -> dict:
@@ -122,19 +145,10 @@ def acceptance(cfg, params, draft_ids, data: dict, batch: int = 512) -> dict:
   drafts always proposed (1 + expected accepted prefix, over the positions whose drafts all lie
   inside the answer; "every_position": over all of them, drafts past the end rejected); with
   answer_rows, also the tokens per forward of decoding the answers (`decode_walk`)."""
-  fn = jax.jit(lambda p, ids, f, t: _outputs(cfg, p, p["micro_decoder"], ids, f, t))
   s = cfg.max_steps
-  params, ids = _frozen(params), jnp.asarray(draft_ids)
-  hits = []
-  for a in range(0, len(data["teacher"]), batch):
-    logits, _ = fn(params, ids, jnp.asarray(data["features"][a:a + batch]),
-                   jnp.asarray(data["teacher"][a:a + batch]))
-    ok = (np.asarray(jnp.argmax(logits, -1)) == data["target_index"][a:a + batch])
-    hits.append(ok & data["valid"][a:a + batch])
-  hit = np.concatenate(hits)[:, 1:]
+  prefix = accepted_drafts(cfg, params, draft_ids, data, batch)
+  reached = np.concatenate([np.ones((len(prefix), 1), bool), prefix[:, :-1]], axis=1)
   # A row counts where every step up to the last it reaches is valid (targets exist).
-  prefix = np.cumprod(hit, axis=1).astype(bool)
-  reached = np.concatenate([np.ones((len(hit), 1), bool), prefix[:, :-1]], axis=1)
   rows = data["valid"][:, 1:].all(axis=1)
   conditional = [float(np.sum(prefix[rows, j]) / max(np.sum(reached[rows, j]), 1))
                  for j in range(s - 1)]
@@ -146,14 +160,25 @@ def acceptance(cfg, params, draft_ids, data: dict, batch: int = 512) -> dict:
   return out
 
 
+def walk_weighted_rows(cfg, params, draft_ids, data: dict, weight: int) -> np.ndarray:
+  """Row indices for `train(rows=...)`: every position with a valid first draft, those that
+  decoding visits with these params (`walk_rows`) `weight` times, so that training sees the
+  positions decoding drafts from as often as it meets them, harder than the average."""
+  rows = np.flatnonzero(data["valid"][:, 1])
+  prefix = np.sum(accepted_drafts(cfg, params, draft_ids, data), axis=1)
+  visited = np.flatnonzero(walk_rows(prefix, data["answer_rows"]) & data["valid"][:, 1])
+  return np.concatenate([rows] + [visited] * (weight - 1))
+
+
 def train(cfg, params, draft_ids, data: dict, *, steps: int, batch: int = 256, lr: float = 3e-4,
           stop_weight: float = 0.5, stop_head_only: bool = False, seed: int = 0,
-          log_every: int = 50, log=print):
+          rows: np.ndarray | None = None, log_every: int = 50, log=print):
   """Adam(W) with cosine decay on params["micro_decoder"] only -> (params, history rows).
 
   stop_head_only: the drafts stay as they are and only the stop head learns, from their
   acceptance on `data` (answers the drafter never trained on, so the stop head learns the
-  acceptance it will meet, not its training fit)."""
+  acceptance it will meet, not its training fit). rows: the row indices batches are drawn from
+  (a repeated index is drawn more often; default: every position with a valid first draft)."""
   opt = optax.adamw(optax.warmup_cosine_decay_schedule(0.0, lr, min(100, steps // 10 + 1), steps,
                                                        lr * 0.1), weight_decay=0.0)
   frozen = _frozen(params)
@@ -176,7 +201,7 @@ def train(cfg, params, draft_ids, data: dict, *, steps: int, batch: int = 256, l
                                                         "draft_accuracy": rate}
 
   rng = np.random.default_rng(seed)
-  rows = np.flatnonzero(data["valid"][:, 1])
+  rows = np.flatnonzero(data["valid"][:, 1]) if rows is None else rows
   history, t0 = [], time.time()
   for i in range(1, steps + 1):
     pick = rng.choice(rows, size=batch, replace=False)

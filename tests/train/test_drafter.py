@@ -81,6 +81,13 @@ def test_training_raises_teacher_forced_acceptance():
                                    log_every=40, log=lambda _: None)
   after = drafter.acceptance(cfg, trained, vocab, data)
   assert after["tokens_per_forward"] > before["tokens_per_forward"] + 0.1
+  # Walk-weighted rows: every valid position once, the visited ones again.
+  rows = drafter.walk_weighted_rows(cfg, trained, vocab, data, 3)
+  valid = np.flatnonzero(data["valid"][:, 1])
+  prefix = drafter.accepted_drafts(cfg, trained, vocab, data).sum(axis=1)
+  visited = np.flatnonzero(drafter.walk_rows(prefix, data["answer_rows"]) & data["valid"][:, 1])
+  assert 0 < len(visited) < len(valid) and len(rows) == len(valid) + 2 * len(visited)
+  np.testing.assert_array_equal(np.bincount(rows, minlength=len(data["valid"]))[visited], 3)
   assert history[-1]["ce"] < np.log(cfg.base.vocab_size)
   # Only the micro decoder changed.
   same = jax.tree_util.tree_map(lambda a, b: bool(np.array_equal(a, b)),
@@ -149,6 +156,13 @@ def test_the_recipe_refuses_training_on_held_out_answers():
                          "--heldout_lines", "9750:10000"])
   with pytest.raises(SystemExit, match="must look like 0:3000"):
     verify_drafter.main(["--workdir", "/nonexistent", "--lines", "0:100,x"])
+
+
+def test_a_visited_weight_below_one_is_refused_before_any_work(tmp_path):
+  from hamburger_jax.recipes import verify_drafter
+  with pytest.raises(SystemExit, match="--visited_weight must be >= 1"):
+    verify_drafter.main(["--workdir", str(tmp_path), "--visited_weight", "0"])
+  assert not (tmp_path / "features").exists()
 
 
 def test_resume_without_a_trained_drafter_is_refused_before_any_work(tmp_path):
