@@ -108,8 +108,8 @@ def _parser() -> argparse.ArgumentParser:
   return p
 
 
-def main(argv=None) -> None:
-  a = _parser().parse_args(argv)
+def check_args(a) -> tuple[list[tuple[int, int]], tuple[int, int]]:
+  """-> (training line ranges, held-out lines); a one-line exit for what cannot run."""
   try:
     lines, heldout_lines = parse_ranges(a.lines), parse_lines(a.heldout_lines)
     ranges = lines + (parse_ranges(a.calibrate_lines) if a.calibrate_lines else [])
@@ -124,6 +124,12 @@ def main(argv=None) -> None:
   if a.resume and not a.features_only and not os.path.isfile(resume_from):
     raise SystemExit(f"--resume: there is no {resume_from} to start from; train once without "
                      "--resume (it starts from the shipped micro decoder).")
+  return lines, heldout_lines
+
+
+def main(argv=None) -> None:
+  a = _parser().parse_args(argv)
+  lines, heldout_lines = check_args(a)
 
   from hamburger_jax.decode import draft_vocab as draft_vocab_lib
   from hamburger_jax.decode.checkpoint import load_verify_drafter
