@@ -152,18 +152,24 @@ def test_an_unforeseen_failure_is_a_500_error_object(server, monkeypatch):
 
 
 def _health_latencies(server, work, seconds_at_least=0.0):
-  """Runs work() in a thread and polls /health meanwhile -> (work's result, latencies [s])."""
+  """Runs work() in a thread and polls /health meanwhile -> (work's result, latencies [s]). The
+  cyclic GC waits meanwhile: a full collection of this test process's heap (every test before
+  it) stops all threads alike, a pause no endpoint causes."""
   result, latencies = [], []
   thread = threading.Thread(target=lambda: result.append(work()))
   start = time.monotonic()
-  thread.start()
-  with httpx2.Client(timeout=30) as client:
-    while thread.is_alive() or time.monotonic() - start < seconds_at_least:
-      t0 = time.monotonic()
-      assert client.get(server.url + "/health").status_code == 200
-      latencies.append(time.monotonic() - t0)
-      time.sleep(0.05)
-  thread.join()
+  gc.disable()
+  try:
+    thread.start()
+    with httpx2.Client(timeout=30) as client:
+      while thread.is_alive() or time.monotonic() - start < seconds_at_least:
+        t0 = time.monotonic()
+        assert client.get(server.url + "/health").status_code == 200
+        latencies.append(time.monotonic() - t0)
+        time.sleep(0.05)
+    thread.join()
+  finally:
+    gc.enable()
   return result[0], latencies
 
 
@@ -198,13 +204,9 @@ def test_health_answers_while_big_requests_are_parsed_and_tokenized(server, monk
   def work():
     return [_post(server, "/tokenize", {"prompt": text}).status_code,
             _post(server, "/v1/chat/completions", messages).status_code]
-  gc.disable()        # a full collection of this test process's heap stops every thread alike
-  try:
-    start = time.monotonic()
-    statuses, latencies = _health_latencies(server, work)
-    seconds = time.monotonic() - start
-  finally:
-    gc.enable()
+  start = time.monotonic()
+  statuses, latencies = _health_latencies(server, work)
+  seconds = time.monotonic() - start
   assert statuses == [200, 400]
   assert set(threads) == {"parse", "tokenize"}, threads
   assert all(server.thread.ident not in ran for ran in threads.values()), "ran on the event loop"
