@@ -95,6 +95,9 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--batch", type=int, default=256)
   p.add_argument("--lr", type=float, default=3e-4)
   p.add_argument("--stop_weight", type=float, default=0.5)
+  p.add_argument("--soft_weight", type=float, default=0.0,
+                 help="share of the base's own next-token distributions in the draft targets "
+                      "(0: its greedy tokens alone; `train.drafter`)")
   p.add_argument("--visited_weight", type=int, default=1,
                  help="draw the positions decoding visits (walking the training answers with "
                       "the starting drafter) this many times as often as the others")
@@ -115,6 +118,8 @@ def check_args(a) -> tuple[list[tuple[int, int]], tuple[int, int]]:
     ranges = lines + (parse_ranges(a.calibrate_lines) if a.calibrate_lines else [])
   except ValueError as e:
     raise SystemExit(f"verify_drafter: {e}") from None
+  if not 0.0 <= a.soft_weight <= 1.0:
+    raise SystemExit(f"verify_drafter: --soft_weight must lie in [0, 1], got {a.soft_weight}.")
   if a.visited_weight < 1:
     raise SystemExit("verify_drafter: --visited_weight must be >= 1 (1: every position alike).")
   if trains_held_out(ranges, heldout_lines):
@@ -155,7 +160,8 @@ def main(argv=None) -> None:
     rows = (drafter.walk_weighted_rows(cfg, params, draft_ids, train_data, a.visited_weight)
             if a.visited_weight > 1 else None)
     params, history = drafter.train(cfg, params, draft_ids, train_data, steps=a.steps,
-                                    batch=a.batch, lr=a.lr, stop_weight=a.stop_weight, rows=rows)
+                                    batch=a.batch, lr=a.lr, stop_weight=a.stop_weight,
+                                    soft_weight=a.soft_weight, rows=rows)
   if calibrate is not None:
     params, calibration = drafter.train(cfg, params, draft_ids, calibrate,
                                         steps=a.calibrate_steps, batch=a.batch, lr=a.lr,
@@ -165,7 +171,8 @@ def main(argv=None) -> None:
   print("held-out acceptance after:", json.dumps(after), flush=True)
   how = {"data": os.path.relpath(DATA), "lines": a.lines, "heldout_lines": a.heldout_lines,
          "calibrate_lines": a.calibrate_lines, "steps": a.steps, "batch": a.batch, "lr": a.lr,
-         "stop_weight": a.stop_weight, "visited_weight": a.visited_weight,
+         "stop_weight": a.stop_weight, "soft_weight": a.soft_weight,
+         "visited_weight": a.visited_weight,
          "calibrate_steps": a.calibrate_steps if calibrate else 0,
          "init": "WORKDIR/verify_drafter.safetensors" if a.resume else "the shipped micro decoder",
          "minutes": round((time.time() - t0) / 60, 1)}

@@ -9,6 +9,10 @@ acceptance target), its stop head at step j predicts that draft j + 1 is rejecte
     loss = CE(draft logits over the draft vocabulary, g_{t+j})          j = 1 .. S-1, valid rows
          + stop_weight * BCE(stop logit at j, draft j+1 rejected)       j = 0 .. S-2
 
+With soft_weight w > 0 the CE term is (1 - w) CE(.., g_{t+j}) + w CE(.., p_{t+j}): p_{t+j} is the
+base's own next-token distribution over the draft vocabulary, from the cached final-norm features
+of position t+j (its argmax is g_{t+j}), so the drafter also learns how sure the base is.
+
 A step is valid while the fed tokens are the base's own greedy path (x_{t+i+1} == g_{t+i}, i < j)
 and its target is in the draft vocabulary (drafts choose only from it).
 
@@ -32,6 +36,7 @@ import numpy as np
 import optax
 
 from hamburger_jax.model.hamburger import HamburgerModel
+from hamburger_jax.model.quantize import head_rows
 
 
 def valid_steps(teacher: np.ndarray, greedy: np.ndarray, draft_ids: np.ndarray) -> np.ndarray:
@@ -53,10 +58,11 @@ def _index_in_draft(greedy: np.ndarray, draft_ids: np.ndarray, vocab_size: int) 
 
 
 def _frozen(params):
-  """What the drafter reads (token embedding, micro decoder) as device arrays: jit arguments, never
-  constants folded into the program."""
-  return {"base": {"embed_tokens": jax.device_put(params["base"]["embed_tokens"])},
-          "micro_decoder": jax.device_put(params["micro_decoder"])}
+  """What the drafter reads (token embedding, LM head if untied, micro decoder) as device arrays:
+  jit arguments, never constants folded into the program."""
+  base = {k: jax.device_put(params["base"][k]) for k in ("embed_tokens", "lm_head")
+          if k in params["base"]}
+  return {"base": base, "micro_decoder": jax.device_put(params["micro_decoder"])}
 
 
 def _outputs(cfg, params, micro, draft_ids, features, teacher):
@@ -66,16 +72,23 @@ def _outputs(cfg, params, micro, draft_ids, features, teacher):
   out = model.apply({"params": full}, features[:, None].astype(cfg.base.jnp_dtype),
                     teacher[:, None], method=HamburgerModel.micro_outputs)[:, 0]   # [N, S, D]
   stop = model.apply({"params": full}, out, method=HamburgerModel.stop)
-  table = jnp.take(jnp.asarray(params["base"]["embed_tokens"]["embedding"]), draft_ids,
-                   axis=0).astype(jnp.float32)
-  return out.astype(jnp.float32) @ table.T, stop
+  return _draft_logits(cfg, params, draft_ids, out), stop
 
 
-def _loss(cfg, params, micro, draft_ids, batch, stop_weight):
+def _draft_logits(cfg, params, draft_ids, hidden):
+  """hidden [..., D] -> logits over the draft vocabulary [..., K] f32 (the LM head's K rows)."""
+  table = head_rows(params["base"], draft_ids, cfg.base.tie_word_embeddings, jnp.float32)
+  return hidden.astype(jnp.float32) @ table.T
+
+
+def _loss(cfg, params, micro, draft_ids, batch, stop_weight, soft_weight=0.0):
   logits, stop = _outputs(cfg, params, micro, draft_ids, batch["features"], batch["teacher"])
   valid = batch["valid"][:, 1:]
   target = batch["target_index"][:, 1:]
   ce = optax.softmax_cross_entropy_with_integer_labels(logits[:, 1:], target)
+  if soft_weight:        # the base's distributions at t+1 .. t+S-1: batch["base_final"] [N, S-1, D]
+    base = jax.nn.softmax(_draft_logits(cfg, params, draft_ids, batch["base_final"]), axis=-1)
+    ce = (1 - soft_weight) * ce + soft_weight * optax.softmax_cross_entropy(logits[:, 1:], base)
   ce = jnp.sum(ce * valid) / jnp.maximum(jnp.sum(valid), 1)
   accepted = jax.lax.stop_gradient(jnp.argmax(logits[:, 1:], -1) == target) & valid
   rejected = (~accepted).astype(jnp.float32)
@@ -96,6 +109,13 @@ def prepare(cache: dict, draft_ids: np.ndarray, vocab_size: int) -> dict:
   if "answer_rows" in cache:
     data["answer_rows"] = cache["answer_rows"]
   return data
+
+
+def _following_final_features(features: np.ndarray, pick: np.ndarray, s: int) -> np.ndarray:
+  """features [N, F, D], rows pick [B] -> the final-norm features of rows pick + 1 .. pick + S - 1
+  [B, S-1, D] (clipped at the last row; a valid step's row t+j is its answer's position t+j)."""
+  follow = np.minimum(pick[:, None] + np.arange(1, s), len(features) - 1)
+  return features[follow, -1]
 
 
 def walk_rows(prefix: np.ndarray, answer_rows: np.ndarray) -> np.ndarray:
@@ -171,14 +191,16 @@ def walk_weighted_rows(cfg, params, draft_ids, data: dict, weight: int) -> np.nd
 
 
 def train(cfg, params, draft_ids, data: dict, *, steps: int, batch: int = 256, lr: float = 3e-4,
-          stop_weight: float = 0.5, stop_head_only: bool = False, seed: int = 0,
-          rows: np.ndarray | None = None, log_every: int = 50, log=print):
+          stop_weight: float = 0.5, soft_weight: float = 0.0, stop_head_only: bool = False,
+          seed: int = 0, rows: np.ndarray | None = None, log_every: int = 50, log=print):
   """Adam(W) with cosine decay on params["micro_decoder"] only -> (params, history rows).
 
   stop_head_only: the drafts stay as they are and only the stop head learns, from their
   acceptance on `data` (answers the drafter never trained on, so the stop head learns the
   acceptance it will meet, not its training fit). rows: the row indices batches are drawn from
-  (a repeated index is drawn more often; default: every position with a valid first draft)."""
+  (a repeated index is drawn more often; default: every position with a valid first draft).
+  soft_weight: the share of the base's own distributions in the draft targets (module docstring;
+  rows t+1 .. t+S-1 of `data` must be the same answer's next positions where a step is valid)."""
   opt = optax.adamw(optax.warmup_cosine_decay_schedule(0.0, lr, min(100, steps // 10 + 1), steps,
                                                        lr * 0.1), weight_decay=0.0)
   frozen = _frozen(params)
@@ -189,7 +211,7 @@ def train(cfg, params, draft_ids, data: dict, *, steps: int, batch: int = 256, l
   def loss_fn(m, frozen, b):
     if stop_head_only:
       m = {k: v if k == "stop_head" else jax.lax.stop_gradient(v) for k, v in m.items()}
-    return _loss(cfg, frozen, m, ids, b, stop_weight)
+    return _loss(cfg, frozen, m, ids, b, stop_weight, soft_weight)
 
   @jax.jit
   def step(frozen, micro, state, b):
@@ -206,6 +228,8 @@ def train(cfg, params, draft_ids, data: dict, *, steps: int, batch: int = 256, l
   for i in range(1, steps + 1):
     pick = rng.choice(rows, size=batch, replace=False)
     b = {k: jnp.asarray(data[k][pick]) for k in ROW_KEYS}
+    if soft_weight:
+      b["base_final"] = jnp.asarray(_following_final_features(data["features"], pick, cfg.max_steps))
     micro, state, m = step(frozen, micro, state, b)
     if i % log_every == 0 or i == steps:
       row = {"step": i, **{k: float(v) for k, v in m.items()}, "seconds": time.time() - t0}

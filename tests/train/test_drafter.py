@@ -104,6 +104,28 @@ def test_training_raises_teacher_forced_acceptance():
     assert changed == (name == "stop_head"), name
 
 
+@pytest.mark.slow
+def test_soft_targets_are_the_base_distributions_at_the_following_positions():
+  """A valid step j's soft target, read from the cached final-norm features of row t + j, is the
+  base's distribution whose argmax is that step's greedy target; training on it learns."""
+  cfg, params, _, pairs = _decoded()
+  cache = dfe.compute_features(cfg, params, pairs, log_every=0)
+  vocab = np.arange(cfg.base.vocab_size, dtype=np.int32)
+  data = drafter.prepare(cache, vocab, cfg.base.vocab_size)
+  final = drafter._following_final_features(data["features"], np.arange(len(data["valid"])),
+                                            cfg.max_steps)
+  argmax = np.asarray(drafter._draft_logits(cfg, params, vocab, final)).argmax(-1)
+  valid = data["valid"][:, 1:]
+  assert valid.sum() > 50
+  np.testing.assert_array_equal(argmax[valid], data["target_index"][:, 1:][valid])
+  before = drafter.acceptance(cfg, params, vocab, data)
+  trained, history = drafter.train(cfg, params, vocab, data, steps=40, batch=32, lr=3e-3,
+                                   soft_weight=0.5, log_every=40, log=lambda _: None)
+  assert drafter.acceptance(cfg, trained, vocab, data)["tokens_per_forward"] > \
+      before["tokens_per_forward"] + 0.1
+  assert np.isfinite(history[-1]["loss"])
+
+
 def test_cache_round_trips_without_pickle(tmp_path):
   cache = {"features": np.ones((3, 4, 8), np.float16), "teacher": np.zeros((3, 4), np.int32)}
   path = str(tmp_path / "c.npz")
