@@ -39,6 +39,18 @@ def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], di
     raise _error(path, e) from e
 
 
+def read_metadata(path: str | os.PathLike) -> dict[str, str]:
+  """The header metadata alone (no tensor is read)."""
+  path = os.fspath(path)
+  if not os.path.isfile(path):
+    raise CheckpointError(f"No such file: {path}.")
+  try:
+    with safetensors.safe_open(path, framework="numpy") as f:
+      return dict(f.metadata() or {})
+  except (safetensors.SafetensorError, OSError, ValueError) as e:
+    raise _error(path, e) from e
+
+
 def write_safetensors(path: str | os.PathLike, tensors: Mapping[str, np.ndarray],
                       metadata: Mapping[str, str] | None = None) -> None:
   """Writes name -> array as safetensors (atomically: a temp file renamed into place)."""

@@ -31,7 +31,7 @@ from hamburger_jax.decode import mesh as mesh_lib
 from hamburger_jax.decode import slots
 from hamburger_jax.decode import state as ds
 from hamburger_jax.decode.compile_cache import Executables, next_pow2
-from hamburger_jax.decode.models import decode_model, prompt_scorer
+from hamburger_jax.decode.models import engine_model, prompt_scorer
 from hamburger_jax.decode.prompts import check_seed
 from hamburger_jax.decode.sampler import (DecodeInputError, check_confidence, check_ids,
                                           check_kv_cache, check_prompt, make_sampling, pad_prefixes,
@@ -108,6 +108,7 @@ class ContinuousBatcher:
   Prefill lengths are padded to power-of-two buckets of at least `min_prompt_bucket`.
   draft_vocab: token ids [K] that drafts choose from (`decode/draft_vocab.py`); None: all.
   verify: verified decoding (`decode/verify.py`): every answer is the base's own.
+  verify_steps: its tokens per forward at most (`models.verify_depth`); None: max_steps.
   draft_width_rule: verified steps send only the drafts worth their width (`draft_width`; None:
   off).
   mesh: a jax Mesh to decode on (`decode/mesh.py`: params, KV buffers and slots sharded).
@@ -119,16 +120,14 @@ class ContinuousBatcher:
                micro_policy: str = "all", min_prompt_bucket: int = 16,
                compact_micro_steps: bool | None = None,
                skip_unmerged: bool | None = None, draft_vocab=None, verify: bool = False,
-               mesh=None, draft_width_rule: bool | None = None, kv_cache: str = "model"):
+               mesh=None, draft_width_rule: bool | None = None, kv_cache: str = "model",
+               verify_steps: int | None = None):
     for name, value in (("num_slots", num_slots), ("cache_length", cache_length),
                         ("chunk_steps", chunk_steps)):
       if value < 1:
         raise DecodeInputError(f"{name} must be >= 1, got {value}.")
-    model, params = decode_model(cfg, params, base, draft_vocab)
+    model, params = engine_model(cfg, params, base, draft_vocab, verify, verify_steps)
     check_kv_cache(kv_cache, model.llama)
-    if verify and model.max_steps == 1:
-      raise DecodeInputError("Verified decoding needs a HAMburger model with micro steps (not "
-                             "the base alone).")
     spare = model.max_steps - 1 if verify else 0      # a verify forward writes S slots
     self.engine = lp.DecodeEngine(model, cache_length + spare, chunk_steps * model.max_steps,
                                   compact_micro_steps, skip_unmerged, verify, mesh,

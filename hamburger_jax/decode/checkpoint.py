@@ -24,6 +24,7 @@ import numpy as np
 from hamburger_jax.convert import CheckpointError, load_model
 from hamburger_jax.decode import draft_vocab as draft_vocab_lib
 from hamburger_jax.decode import state as ds
+from hamburger_jax.decode.models import MAX_VERIFY_STEPS
 from hamburger_jax.decode.prompts import UsageError
 from hamburger_jax.model import quantize as quantize_lib
 from hamburger_jax.model.config import HamburgerConfig, LlamaConfig
@@ -48,6 +49,7 @@ class Decodable:
   fence_ids: tuple[int, ...]      # code-fence token ids (empty when off / base / no tokenizer)
   draft_vocab: np.ndarray | None  # token ids drafts choose from; None = all
   eos_ids: tuple[int, ...]        # model EOS ids (+ tokenizer stop ids when chat)
+  verify_steps: int | None = None  # verified decoding's depth its drafter was made for; None: S
 
   @property
   def llama(self) -> LlamaConfig:
@@ -75,6 +77,17 @@ def check_quantize(mode: str | None) -> None:
     quantize_lib.parse_mode(mode)
   except quantize_lib.QuantizeError as e:
     raise UsageError(f"--{e}") from None
+
+
+def check_verify_steps(steps: int, verify: bool) -> None:
+  """UsageError unless --verify_steps is 0 (the drafter's own) or in 2..MAX_VERIFY_STEPS with
+  verified decoding on."""
+  if steps and not 2 <= steps <= MAX_VERIFY_STEPS or steps < 0:
+    raise UsageError(f"--verify_steps must be in 2..{MAX_VERIFY_STEPS} (0: the drafter's own), "
+                     f"got {steps}.")
+  if steps and not verify:
+    raise UsageError("--verify_steps sets the depth of verified decoding: add --verify or drop "
+                     "--verify_steps.")
 
 
 def apply_quantize(params, cfg, mode: str | None):
@@ -136,13 +149,28 @@ def open_checkpoint(ckpt: str, *, base_config: str | None = None, tokenizer: str
       fence_ids=code_fence_ids(tok, code_fences, base_only),
       draft_vocab=None if base_only else load_draft_vocab(
           draft_vocab, ckpt_dir, cfg),
-      eos_ids=tuple(eos))
+      eos_ids=tuple(eos),
+      verify_steps=verify_drafter_steps(ckpt_dir) if verify and not base_only else None)
 
 
 def checkpoint_dir(ckpt: str) -> str:
   """The directory holding `ckpt`'s files: a named checkpoint's asset dir, else `ckpt` itself."""
   entry = named(ckpt)
   return entry.asset_dir if entry is not None else ckpt
+
+
+def verify_drafter_steps(ckpt_dir: str) -> int | None:
+  """The tokens per verified forward (drafts + 1) that ckpt_dir's verification drafter was trained
+  for (its "verify_steps" metadata), or None (none recorded: the model's max_steps)."""
+  path = os.path.join(ckpt_dir, VERIFY_DRAFTER_FILE) if os.path.isdir(ckpt_dir) else ""
+  if not os.path.isfile(path):
+    return None
+  from hamburger_jax.convert.safetensors_io import read_metadata
+  steps = read_metadata(path).get("verify_steps")
+  if steps is not None and not steps.isdigit():
+    raise CheckpointError(f"{path} records verify_steps {steps!r}, not a whole number: rewrite it "
+                          "with hamburger_jax.recipes.verify_drafter or delete it.")
+  return None if steps is None else int(steps)
 
 
 def load_verify_drafter(ckpt_dir: str, params):

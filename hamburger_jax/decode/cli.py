@@ -22,7 +22,8 @@ from hamburger_jax.convert import CheckpointError
 from hamburger_jax.decode import prompts as prompts_lib
 from hamburger_jax.decode import verify
 from hamburger_jax.decode.checkpoint import (Decodable, check_checkpoint, check_kv_cache,
-                                             check_quantize, open_checkpoint, resolve_knobs)
+                                             check_quantize, check_verify_steps, open_checkpoint,
+                                             resolve_knobs)
 from hamburger_jax.decode.chunks import decode_chunks
 from hamburger_jax.decode.evaluation import base_comparison
 from hamburger_jax.decode.memory import check_buffer_memory, device_memory
@@ -75,6 +76,7 @@ class DecodeArgs:
   make_tiny_checkpoint: str | None = None  # write a random tiny checkpoint here and exit
   compare_base: bool = False        # also decode with the base alone; print both and the ratios
   verify: bool = False              # verified decoding: the base checks the drafts (its answer)
+  verify_steps: int = 0             # --verify: tokens per forward at most (0: the drafter's)
   quantize: str = "none"            # "int8": per-channel scales; "int8:G": per group of G inputs
   mesh: str = ""                    # "data=2,tensor=4": one model over a device mesh ("" = one)
   kv_cache: str = "model"           # what the KV buffers store: the model's dtype or "int8"
@@ -121,6 +123,7 @@ def check_flag_pairs(a: DecodeArgs) -> None:
   if a.verify and a.base:
     raise UsageError("--verify checks HAMburger's drafts with the base; --base has no drafts: "
                      "give one of them.")
+  check_verify_steps(a.verify_steps, a.verify)
   if a.compare_base and a.base:
     raise UsageError("--compare_base decodes with the base alone beside HAMburger; with --base "
                      "both runs would be the base: drop --base or --compare_base.")
@@ -214,7 +217,8 @@ def _samplers(a: DecodeArgs, d: Decodable, prompts):
                       mesh and (device_memory() or 0) * mesh.devices.size, a.kv_cache)
   sampler = Sampler(d.config, d.params, base=d.base_only, cache_length=cache_length,
                     out_length=out_length, eos_ids=d.eos_ids, draft_vocab=d.draft_vocab,
-                    verify=a.verify, mesh=mesh, kv_cache=a.kv_cache)
+                    verify=a.verify, mesh=mesh, kv_cache=a.kv_cache,
+                    verify_steps=(a.verify_steps or d.verify_steps) if a.verify else None)
   sampler.check_prompts(prompts)
   knobs = dict(max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_k=a.top_k,
                top_p=a.top_p, seed=a.seed,
@@ -317,6 +321,9 @@ _HELP = {
     "verify": "verified decoding: the base checks the micro decoder's drafts in its next forward, "
               "so the answer is the base's own (greedy: token for token) in fewer forwards; "
               "--show_groups marks the tokens of each forward",
+    "verify_steps": "--verify: the tokens a forward commits at most (drafts + 1), 2..16 (0: what "
+                    "the checkpoint's verification drafter was trained for, else the model's "
+                    "max_steps)",
     "quantize": "weights the decode loop reads: 'none' (as stored), 'int8' (int8 with "
                 "per-output-channel scales, quantized once at load: half the weight bytes of "
                 "bfloat16 per step) or 'int8:G' (a scale per group of G inputs, e.g. int8:64; G "

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hamburger_jax.decode import draft_vocab as draft_vocab_lib
+from hamburger_jax.decode.prompts import DecodeInputError
 from hamburger_jax.model import kv_cache
 from hamburger_jax.model.config import HamburgerConfig, LlamaConfig
 from hamburger_jax.model.execution import Execution
@@ -149,11 +150,33 @@ def write_entries(cache, entries, slots):
   return [kv_cache.write_entries(layer, new, slots) for layer, new in zip(cache, entries)]
 
 
+MAX_VERIFY_STEPS = 16
+
+
+def verify_depth(cfg: HamburgerConfig, params, steps: int) -> tuple[HamburgerConfig, dict]:
+  """(cfg, params) whose verified decoding commits up to `steps` tokens a forward (steps - 1
+  drafts; the micro decoder's positions run on past cfg.max_steps). Verified decoding feeds the
+  embedder single tokens only, which never read its position table: the table is cut or
+  zero-padded to `steps` rows so that the shapes agree."""
+  if not 2 <= steps <= MAX_VERIFY_STEPS:
+    raise ValueError(f"verify_steps must be in 2..{MAX_VERIFY_STEPS} (tokens a verified forward "
+                     f"commits at most: drafts + 1), got {steps}.")
+  if steps == cfg.max_steps:
+    return cfg, params
+  pos = params["embedder"]["pos"]
+  pos = jnp.pad(jnp.asarray(pos), ((0, max(0, steps - pos.shape[0])), (0, 0)))[:steps]
+  return (dataclasses.replace(cfg, max_steps=steps),
+          {**params, "embedder": {**params["embedder"], "pos": pos}})
+
+
 def decode_model(cfg, params, base: bool = False, draft_vocab=None,
-                 rest_sample: int = draft_vocab_lib.REST_SAMPLE) -> tuple[DecodeModel, dict]:
+                 rest_sample: int = draft_vocab_lib.REST_SAMPLE,
+                 verify_steps: int | None = None) -> tuple[DecodeModel, dict]:
   """(cfg, params) of a HAMburger or a Llama model -> (decode model, the params it reads).
 
   With `base=True` a HAMburger model decodes with its base alone (params["base"]).
+  verify_steps: for verified decoding, the tokens a forward commits at most (`verify_depth`;
+  None: cfg.max_steps).
   draft_vocab: token ids [K] that drafts (micro steps >= 1) choose from, or None for the whole
   vocabulary; their LM-head rows are gathered once here, with those of `rest_sample` of the
   other tokens (a fixed sample) that estimate the mass a draft's probability leaves out (see
@@ -162,6 +185,8 @@ def decode_model(cfg, params, base: bool = False, draft_vocab=None,
   if isinstance(cfg, HamburgerConfig):
     if base:
       return BaseDecodeModel(cfg.base), params["base"]
+    if verify_steps is not None:
+      cfg, params = verify_depth(cfg, params, verify_steps)
     if draft_vocab is None:
       return HamburgerDecodeModel(cfg), params
     ids = draft_vocab_lib.check(draft_vocab, cfg.base.vocab_size)
@@ -174,6 +199,23 @@ def decode_model(cfg, params, base: bool = False, draft_vocab=None,
   if isinstance(cfg, LlamaConfig):
     return BaseDecodeModel(cfg), params
   raise TypeError(f"Expected a HamburgerConfig or a LlamaConfig, got {type(cfg).__name__}.")
+
+
+def engine_model(cfg, params, base: bool, draft_vocab, verify: bool,
+                 verify_steps: int | None) -> tuple[DecodeModel, dict]:
+  """`decode_model` for a decode engine, its mode checked: DecodeInputError (one line) for verified
+  decoding without micro steps, or a verify_steps without verified decoding or out of range."""
+  if verify_steps is not None and not (verify and not base):
+    raise DecodeInputError("verify_steps sets the depth of verified decoding: pass it with "
+                           "verify=True (--verify) on a HAMburger model, or drop it.")
+  try:
+    model, params = decode_model(cfg, params, base, draft_vocab, verify_steps=verify_steps)
+  except ValueError as e:
+    raise DecodeInputError(str(e)) from None
+  if verify and model.max_steps == 1:
+    raise DecodeInputError("Verified decoding needs a HAMburger model with micro steps; the "
+                           "base alone has no drafts to verify (drop --base or --verify).")
+  return model, params
 
 
 def prompt_scorer(model: DecodeModel, params, max_length: int) -> Scorer:

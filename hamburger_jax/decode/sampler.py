@@ -26,7 +26,7 @@ from hamburger_jax.decode import state as ds
 from hamburger_jax.decode.compile_cache import Executables, next_pow2
 from hamburger_jax.decode.prompts import DecodeInputError
 from hamburger_jax.decode.loop import TRACE_COUNTS, continue_probability  # noqa: F401
-from hamburger_jax.decode.models import decode_model
+from hamburger_jax.decode.models import engine_model
 from hamburger_jax.decode.sampling import SamplingParams
 from hamburger_jax.decode.state import DecodeResult
 from hamburger_jax.model import kv_cache as kv_cache_lib
@@ -51,6 +51,8 @@ class Sampler:
   verify: verified decoding (`decode/verify.py`): the base checks the micro decoder's drafts in
   its next forward, so the answer is the base's own (greedy: token for token). A HAMburger model
   only; the KV buffer gets S - 1 spare slots (a forward writes S) so it holds as many tokens.
+  verify_steps: S of verified decoding, the tokens a forward commits at most (S - 1 drafts;
+  `models.verify_depth`); None: the model's max_steps.
   draft_width_rule: a verified step sends only the drafts worth its forward width's cost
   (`decode/draft_width.py`); None: off.
   mesh: a jax Mesh (`decode.mesh.make_decode_mesh`) to decode on, params and KV buffers sharded
@@ -68,8 +70,8 @@ class Sampler:
                compact_micro_steps: bool | None = None,
                skip_unmerged: bool | None = None, draft_vocab=None, verify: bool = False,
                mesh=None, quantize: str | None = None, draft_width_rule: bool | None = None,
-               kv_cache: str = "model"):
-    model, params = decode_model(cfg, params, base, draft_vocab)
+               kv_cache: str = "model", verify_steps: int | None = None):
+    model, params = engine_model(cfg, params, base, draft_vocab, verify, verify_steps)
     check_kv_cache(kv_cache, model.llama)
     try:
       params = quantize_lib.apply_mode(params, model.llama, quantize)
@@ -77,9 +79,6 @@ class Sampler:
       raise DecodeInputError(str(e)) from None
     if cache_length < 1:
       raise DecodeInputError(f"cache_length must be >= 1, got {cache_length}.")
-    if verify and model.max_steps == 1:
-      raise DecodeInputError("Verified decoding needs a HAMburger model with micro steps; the "
-                             "base alone has no drafts to verify (drop --base or --verify).")
     spare = model.max_steps - 1 if verify else 0
     self.engine = lp.DecodeEngine(model, cache_length + spare, out_length or cache_length,
                                   compact_micro_steps, skip_unmerged, verify, mesh,

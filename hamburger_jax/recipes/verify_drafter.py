@@ -74,15 +74,18 @@ def cache_features(cfg, params, directory: str, lines: tuple[int, int], data: st
 
 
 def export(path: str, micro_params, how: dict) -> None:
-  """The micro decoder's params in bf16 (keys "micro_decoder/...")."""
+  """The micro decoder's params in bf16 (keys "micro_decoder/..."); how["verify_steps"], when
+  given, becomes the "verify_steps" metadata that `--verify` decodes at by default."""
   import jax
   import ml_dtypes
   from hamburger_jax.convert.native import flatten
   from hamburger_jax.convert.safetensors_io import write_safetensors
   flat = {f"micro_decoder/{k}": np.asarray(v).astype(ml_dtypes.bfloat16)
           for k, v in flatten(jax.device_get(micro_params)).items()}
-  write_safetensors(path, flat, {"format": "hamburger_jax.verify_drafter",
-                                 "how": json.dumps(how, sort_keys=True)})
+  meta = {"format": "hamburger_jax.verify_drafter", "how": json.dumps(how, sort_keys=True)}
+  if "verify_steps" in how:                       # the depth decoding takes by default
+    meta["verify_steps"] = str(how["verify_steps"])
+  write_safetensors(path, flat, meta)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -98,6 +101,9 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--soft_weight", type=float, default=0.0,
                  help="share of the base's own next-token distributions in the draft targets "
                       "(0: its greedy tokens alone; `train.drafter`)")
+  p.add_argument("--verify_steps", type=int, default=4,
+                 help="tokens a verified forward commits at most (drafts + 1) that the drafter "
+                      "is trained and measured for; recorded in its export")
   p.add_argument("--visited_weight", type=int, default=1,
                  help="draw the positions decoding visits (walking the training answers with "
                       "the starting drafter) this many times as often as the others")
@@ -120,6 +126,8 @@ def check_args(a) -> tuple[list[tuple[int, int]], tuple[int, int]]:
     raise SystemExit(f"verify_drafter: {e}") from None
   if not 0.0 <= a.soft_weight <= 1.0:
     raise SystemExit(f"verify_drafter: --soft_weight must lie in [0, 1], got {a.soft_weight}.")
+  if not 2 <= a.verify_steps <= 16:
+    raise SystemExit(f"verify_drafter: --verify_steps must be in 2..16, got {a.verify_steps}.")
   if a.visited_weight < 1:
     raise SystemExit("verify_drafter: --visited_weight must be >= 1 (1: every position alike).")
   if trains_held_out(ranges, heldout_lines):
@@ -138,20 +146,23 @@ def main(argv=None) -> None:
 
   from hamburger_jax.decode import draft_vocab as draft_vocab_lib
   from hamburger_jax.decode.checkpoint import load_verify_drafter
+  from hamburger_jax.decode.models import verify_depth
+  from hamburger_jax.train.drafter_features import with_steps
   from hamburger_jax.shipped.smollm2 import ASSET_DIR, load_shipped
   from hamburger_jax.train import drafter
   cfg, shipped, _, _ = load_shipped()
   draft_ids = draft_vocab_lib.load(os.path.join(ASSET_DIR, draft_vocab_lib.FILE_NAME))
-  def features(name, ranges):
+  def features(name, ranges):        # cached at the shipped S, re-cut to --verify_steps
     parts = [cache_features(cfg, shipped, os.path.join(a.workdir, "features", name), r)
              for r in ranges]
-    return drafter.prepare({k: np.concatenate([p[k] for p in parts]) for k in parts[0]},
-                           draft_ids, cfg.base.vocab_size)
+    cache = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    return drafter.prepare(with_steps(cache, a.verify_steps), draft_ids, cfg.base.vocab_size)
   heldout = features("heldout", [heldout_lines])
   train_data = features("train", lines) if a.steps else None
   calibrate = features("train", parse_ranges(a.calibrate_lines)) if a.calibrate_lines else None
   if a.features_only:
     return
+  cfg, shipped = verify_depth(cfg, shipped, a.verify_steps)
   params = load_verify_drafter(a.workdir, shipped) if a.resume else shipped
   before = drafter.acceptance(cfg, shipped, draft_ids, heldout)
   print("held-out acceptance, shipped micro decoder:", json.dumps(before), flush=True)
@@ -172,6 +183,7 @@ def main(argv=None) -> None:
   how = {"data": os.path.relpath(DATA), "lines": a.lines, "heldout_lines": a.heldout_lines,
          "calibrate_lines": a.calibrate_lines, "steps": a.steps, "batch": a.batch, "lr": a.lr,
          "stop_weight": a.stop_weight, "soft_weight": a.soft_weight,
+         "verify_steps": a.verify_steps,
          "visited_weight": a.visited_weight,
          "calibrate_steps": a.calibrate_steps if calibrate else 0,
          "init": "WORKDIR/verify_drafter.safetensors" if a.resume else "the shipped micro decoder",

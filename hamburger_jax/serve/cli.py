@@ -23,8 +23,9 @@ from typing import Sequence
 
 from hamburger_jax.convert import CheckpointError
 from hamburger_jax.decode.checkpoint import (apply_quantize, check_kv_cache, check_quantize,
-                                             checkpoint_dir, code_fence_ids, load_verify_drafter,
-                                             open_checkpoint, resolve_knobs)
+                                             check_verify_steps, checkpoint_dir, code_fence_ids,
+                                             load_verify_drafter, open_checkpoint, resolve_knobs,
+                                             verify_drafter_steps)
 from hamburger_jax.decode.prompts import UsageError
 from hamburger_jax.decode import verify
 from hamburger_jax.decode.mesh import make_decode_mesh, parse_mesh
@@ -91,6 +92,8 @@ class ServeArgs:
   log_level: str = _flag("info", "uvicorn log level")
   verify: bool = _flag(False, "verified decoding: the base checks the micro decoder's drafts, so "
                               "every answer is the base model's own (greedy: token for token)")
+  verify_steps: int = _flag(0, "verified decoding's tokens per forward at most (drafts + 1), "
+                               "2..16; 0: what the verification drafter was trained for")
   verify_requests: bool = _flag(
       False, "run merged and verified decoding side by side, each request choosing with "
              "'verify': true|false (--verify: the default); one copy of the base weights, twice "
@@ -139,6 +142,7 @@ def check_args(a: ServeArgs) -> None:
     flag = "--verify" if a.verify else "--verify_requests"
     raise UsageError(f"{flag} checks HAMburger's drafts with the base; --base has no drafts: "
                      "give one of them.")
+  check_verify_steps(a.verify_steps, a.verify or a.verify_requests)
   if not 0 <= a.temperature <= 2 or not (a.confidence is None or 0 < a.confidence <= 1):
     raise UsageError("--temperature must be in [0, 2] and --confidence in (0, 1].")
   if a.min_token_prob is not None and not 0 <= a.min_token_prob <= 1:
@@ -208,7 +212,8 @@ def mode_router(a: ServeArgs, d, make) -> engines.ModeRouter:
   micro = load_verify_drafter(checkpoint_dir(a.ckpt), d.params)["micro_decoder"]
   merged = make(apply_quantize(d.params, d.config, a.quantize), verify=False)
   micro = apply_quantize({"micro_decoder": micro}, None, a.quantize)["micro_decoder"]
-  verified = make({**merged.params, "micro_decoder": micro}, verify=True)
+  verified = make({**merged.params, "micro_decoder": micro}, verify=True,
+                  verify_steps=a.verify_steps or verify_drafter_steps(checkpoint_dir(a.ckpt)))
   if a.warmup:
     for engine in (merged, verified):
       warm_up(engine)
@@ -233,7 +238,8 @@ def build(a: ServeArgs) -> Service:
   if both:
     engine = mode_router(a, d, make)
   else:
-    engine = make(d.params, verify=a.verify)
+    engine = make(d.params, verify=a.verify,
+                  verify_steps=(a.verify_steps or d.verify_steps) if a.verify else None)
     if a.warmup:
       warm_up(engine)
   return service_for(engine, d.config, d.tokenizer, dataclasses.replace(a, system=d.system),

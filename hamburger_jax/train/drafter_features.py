@@ -124,6 +124,25 @@ def compute_features(cfg, params, pairs: Sequence[tuple[list[int], list[int]]],
           "answer_rows": np.asarray([len(p[1]) for p in parts], np.int32)}
 
 
+def with_steps(cache: dict[str, np.ndarray], s: int) -> dict[str, np.ndarray]:
+  """The cache re-cut for S = s (teacher, greedy [N, s]) from its own rows, without the base: an
+  answer's rows are its consecutive positions, so x_{t+k} and g_{t+k} past the cached S are the
+  next rows' (0 / -1 past the answer's end, as compute_features writes them)."""
+  teacher, greedy = cache["teacher"], cache["greedy"]
+  out_t = np.zeros((len(teacher), s), np.int32)
+  out_g = np.full((len(teacher), s), -1, np.int32)
+  start = 0
+  for n in np.asarray(cache["answer_rows"]).tolist():
+    rows = slice(start, start + n)
+    tokens = np.concatenate([teacher[rows, 0], teacher[start + n - 1, 1:], np.zeros(s, np.int32)])
+    targets = np.concatenate([greedy[rows, 0], np.full(s, -1, np.int32)])
+    for k in range(s):
+      out_t[rows, k] = tokens[k:k + n]
+      out_g[rows, k] = targets[k:k + n]
+    start += n
+  return {**cache, "teacher": out_t, "greedy": out_g}
+
+
 def save_cache(path: str, cache: dict[str, np.ndarray]) -> None:
   """Written aside and renamed: a reader never sees a partial file (np.savez, no pickle)."""
   tmp = path + ".tmp.npz"

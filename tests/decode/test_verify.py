@@ -135,6 +135,34 @@ def test_continuous_batching_verifies_each_request_as_alone():
   assert any(max(c.group_sizes) > 1 for c in done)      # drafts were accepted
 
 
+@pytest.mark.parametrize("steps", [2, pytest.param(6, marks=pytest.mark.slow)])
+def test_any_verify_depth_is_the_base_token_for_token(steps):
+  """verify_steps S: up to S tokens a forward (S - 1 drafts; the model's own S is 4), the
+  answers still the base's; at 6 some forward commits more than 4."""
+  cfg, params = drafting_model()
+  base, _ = _samplers()
+  verified = Sampler(cfg, params, cache_length=CACHE_LENGTH, out_length=OUT_LENGTH, verify=True,
+                     verify_steps=steps)
+  got = verified.decode(PROMPTS, max_new_tokens=24, confidence=0.001, min_token_prob=0.0)
+  assert got.tokens == base.decode(PROMPTS, max_new_tokens=24).tokens
+  sizes = [g for row in got.group_sizes for g in row]
+  assert max(sizes) <= steps and len(got.draft_counts[0]) == steps - 1
+  assert max(sizes) == steps if steps == 2 else max(sizes) > 4
+  batcher = ContinuousBatcher(cfg, params, num_slots=3, cache_length=CACHE_LENGTH,
+                              chunk_steps=2, verify=True, verify_steps=steps)
+  done = batcher.generate([Request(prompt_ids=p, max_new_tokens=24, confidence=0.001)
+                           for p in PROMPTS[:5]])
+  assert [c.tokens for c in done] == got.tokens[:5]
+
+
+def test_verify_steps_is_refused_without_verified_decoding_or_out_of_range():
+  cfg, params = drafting_model()
+  with pytest.raises(ValueError, match="verify=True"):
+    Sampler(cfg, params, cache_length=CACHE_LENGTH, verify_steps=6)
+  with pytest.raises(ValueError, match="2..16"):
+    Sampler(cfg, params, cache_length=CACHE_LENGTH, verify=True, verify_steps=1)
+
+
 # --- the acceptance rules on known distributions --------------------------------------------------
 
 def test_accept_greedy_takes_the_longest_agreeing_prefix():

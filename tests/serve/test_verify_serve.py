@@ -19,6 +19,8 @@ def test_both_engines_answer_as_the_base(tiny_model):
   for kind in ("serial", "continuous"):
     engine = make_engine(kind, cfg, params, verify=True)
     assert decode_alone(engine, prompt, 16) == base.tokens[0], kind
+    deeper = make_engine(kind, cfg, params, verify=True, verify_steps=6)   # --verify_steps 6
+    assert decode_alone(deeper, prompt, 16) == base.tokens[0], kind
 
 
 def test_the_flag_parses_and_base_with_verify_is_refused():
@@ -28,3 +30,9 @@ def test_the_flag_parses_and_base_with_verify_is_refused():
   assert parse_args(["--ckpt", "x", "--verify"]).verify
   with pytest.raises(UsageError, match="--verify"):
     check_args(parse_args(["--ckpt", "x", "--verify", "--base"]))
+  assert parse_args(["--ckpt", "x", "--verify", "--verify_steps", "6"]).verify_steps == 6
+  check_args(parse_args(["--ckpt", "x", "--verify_requests", "--verify_steps", "6"]))
+  with pytest.raises(UsageError, match="add --verify"):
+    check_args(parse_args(["--ckpt", "x", "--verify_steps", "6"]))
+  with pytest.raises(UsageError, match="2..16"):
+    check_args(parse_args(["--ckpt", "x", "--verify", "--verify_steps", "17"]))

@@ -6,6 +6,7 @@ import jax
 import numpy as np
 import pytest
 
+from hamburger_jax.decode.models import verify_depth
 from hamburger_jax.decode.sampler import Sampler
 from hamburger_jax.train import drafter
 from hamburger_jax.train import drafter_features as dfe
@@ -33,21 +34,25 @@ def test_the_decode_walk_visits_only_the_rows_after_each_committed_token():
 
 
 @functools.lru_cache(maxsize=None)
-def _decoded():
-  """Verified greedy answers of the drafting model, three drafts proposed every forward."""
+def _decoded(steps: int = 4):
+  """Verified greedy answers of the drafting model, steps - 1 drafts proposed every forward."""
   cfg, params = drafting_model()
-  sampler = Sampler(cfg, params, cache_length=CACHE_LENGTH, out_length=OUT_LENGTH, verify=True)
+  sampler = Sampler(cfg, params, cache_length=CACHE_LENGTH, out_length=OUT_LENGTH, verify=True,
+                    verify_steps=steps)
   result = sampler.decode(PROMPTS, max_new_tokens=24, confidence=0.001, min_token_prob=0.0)
   pairs = [(list(p), list(result.tokens[r])) for r, p in enumerate(PROMPTS)]
   return cfg, params, result, pairs
 
 
 @pytest.mark.slow
-def test_cached_features_reproduce_what_verified_decoding_accepted():
+@pytest.mark.parametrize("steps", [4, 6])
+def test_cached_features_reproduce_what_verified_decoding_accepted(steps):
   """Teacher forcing on the cache drafts what the decode loop drafted: at the position each
-  forward's drafts were made from, the accepted prefix equals that forward's accepted count."""
-  cfg, params, result, pairs = _decoded()
-  cache = dfe.compute_features(cfg, params, pairs, log_every=0)
+  forward's drafts were made from, the accepted prefix equals that forward's accepted count. At a
+  depth past the cached S the cache is re-cut from its own rows (`with_steps`)."""
+  cfg, params, result, pairs = _decoded(steps)
+  cache = dfe.with_steps(dfe.compute_features(cfg, params, pairs, log_every=0), steps)
+  cfg, params = verify_depth(cfg, params, steps)
   vocab = np.arange(cfg.base.vocab_size, dtype=np.int32)
   data = drafter.prepare(cache, vocab, cfg.base.vocab_size)
   logits, _ = jax.jit(lambda f, t: drafter._outputs(cfg, params, params["micro_decoder"], vocab,
@@ -62,12 +67,28 @@ def test_cached_features_reproduce_what_verified_decoding_accepted():
       row = starts[r] + ends[k - 1] - 1          # drafted at the input before the base's token
       assert prefix[row] == sizes[k] - 1, (r, k)
       compared += 1
-  assert compared > 20 and 0 < sum(prefix) < 3 * len(prefix)
+  assert compared > 20 and 0 < sum(prefix) < (steps - 1) * len(prefix)
   # Walking the answers on the cached acceptance gives the decode loop's tokens per forward.
   decoded = sum(len(t) for t in result.tokens) / sum(result.macro_steps)
   assert drafter.decode_walk(prefix, cache["answer_rows"]) == pytest.approx(decoded, abs=1e-12)
   assert drafter.acceptance(cfg, params, vocab, data)["decoded_tokens_per_forward"] == \
       pytest.approx(decoded, abs=1e-12)
+
+
+def test_a_cache_re_cut_at_its_own_depth_is_itself():
+  # Two answers after their prompts: tokens 5, 6 (rows at the prompt's last token and at 5) and
+  # token 9 (one row); the base's greedy tokens there are 5, 8 and 9.
+  teacher = np.array([[5, 6, 0], [6, 0, 0], [9, 0, 0]], np.int32)
+  greedy = np.array([[5, 8, -1], [8, -1, -1], [9, -1, -1]], np.int32)
+  cache = {"teacher": teacher, "greedy": greedy, "answer_rows": np.array([2, 1], np.int32)}
+  same = dfe.with_steps(cache, 3)
+  np.testing.assert_array_equal(same["teacher"], teacher)
+  np.testing.assert_array_equal(same["greedy"], greedy)
+  deeper, shallower = dfe.with_steps(cache, 4), dfe.with_steps(cache, 2)
+  np.testing.assert_array_equal(deeper["teacher"], np.pad(teacher, ((0, 0), (0, 1))))
+  np.testing.assert_array_equal(deeper["greedy"], np.pad(greedy, ((0, 0), (0, 1)),
+                                                         constant_values=-1))
+  np.testing.assert_array_equal(shallower["greedy"], greedy[:, :2])
 
 
 @pytest.mark.slow
@@ -148,6 +169,7 @@ def test_verified_decoding_loads_the_checkpoints_verification_drafter(tmp_path):
   shifted = jax.tree_util.tree_map(lambda x: x + 0.5, merged.params["micro_decoder"])
   export(str(tmp_path / "tiny" / VERIFY_DRAFTER_FILE), shifted, {"how": "a test"})
   verified = open_checkpoint(ckpt, token_ids=True, verify=True)
+  assert verified.verify_steps is None                 # none recorded: the model's own S
   want = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.bfloat16).astype(x.dtype), shifted)
   for a, b in zip(jax.tree_util.tree_leaves(verified.params["micro_decoder"]),
                   jax.tree_util.tree_leaves(want)):
@@ -156,6 +178,9 @@ def test_verified_decoding_loads_the_checkpoints_verification_drafter(tmp_path):
   for a, b in zip(jax.tree_util.tree_leaves(same.params["micro_decoder"]),
                   jax.tree_util.tree_leaves(merged.params["micro_decoder"])):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert same.verify_steps is None
+  export(str(tmp_path / "tiny" / VERIFY_DRAFTER_FILE), shifted, {"verify_steps": 6})
+  assert open_checkpoint(ckpt, token_ids=True, verify=True).verify_steps == 6
   export(str(tmp_path / "tiny" / VERIFY_DRAFTER_FILE),
          {"layers_0": shifted["stop_head"]}, {"how": "wrong layers"})
   with pytest.raises(CheckpointError, match="does not fit"):
