@@ -54,7 +54,8 @@ GROUPS = {            # flags that apply to one measurement only (dest: default)
                 "length_spread": 0.0, "draft_vocabs": "shipped", "compare_compact": 0,
                 "code_fences": 1},
     "verify": {"prompt_sets": "both,code", "draft_confidences": "0.001,0.3,0.5",
-               "verify_prompts": 24, "verify_batching": "static", "width_rules": "off"},
+               "verify_prompts": 24, "verify_batching": "static", "width_rules": "off",
+               "verify_steps": ""},
 }
 DEFAULTS = {"sampler": dict(batch_sizes="1,8", out=("step_costs", "decode_speed.json")),
             "micro_layers": dict(max_new_tokens=128, out=("step_costs", "micro_layers.json")),
@@ -114,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
   v.add_argument("--verify_prompts", type=int, help="prompts per set")
   v.add_argument("--verify_batching", choices=("static", "continuous", "static,continuous"),
                  help="static batches of b prompts and/or continuous batching over b slots")
+  v.add_argument("--verify_steps",
+                 help="depths of verified decoding, comma-separated, e.g. 4,6 (tokens a forward "
+                      "commits at most; default: the verification drafter's own)")
   v.add_argument("--width_rules", choices=("on", "off", "on,off"),
                  help="verified steps with the width rule (decode/draft_width.py) on and/or off")
   p.set_defaults(**GROUPS["sampler"], **GROUPS["batched"], **GROUPS["verify"])
@@ -188,6 +192,10 @@ def parse_args(argv=None):
     args.lengths, args.confidences = positive_ints(args.lengths), _confidences(args.confidences)
   if mode == "batched":
     _check_batched(parser, args)
+  if mode == "verify" and args.verify_steps:
+    _list_error(parser, "verify_steps", args.verify_steps, positive_ints,
+                lambda v: bool(v) and all(2 <= s <= 16 for s in v),
+                "comma-separated depths in 2..16 are needed, e.g. --verify_steps=4,6")
   return args, mode
 
 

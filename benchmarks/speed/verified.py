@@ -15,6 +15,8 @@ acceptance per draft is reported by the static rows only. Static batches of b ro
 their slowest row is done, so a row that drew fewer accepted drafts holds the batch.
 --width_rules on,off: verified decoding with and without the width rule (`decode/draft_width.py`:
 a step sends only the drafts worth its forward width's cost).
+--verify_steps 4,6: verified decoding at each depth (tokens a forward commits at most; default:
+the verification drafter's own, `open_checkpoint(..).verify_steps`).
 """
 
 from __future__ import annotations
@@ -49,12 +51,12 @@ def _run(sampler, prompts, b, max_new_tokens, **knobs):
 
 def _row(prompt_set, b, variant, base, answers, forwards, seconds, counts, base_seconds,
          batching="static"):
-  confidence, rule = variant
+  confidence, rule, steps = variant
   tokens = sum(len(a) for a in answers)
-  reached, accepted = counts or ([None] * 3, [None] * 3)
+  reached, accepted = counts or ([None] * (steps - 1), [None] * (steps - 1))
   return {
       "prompt_set": prompt_set, "batching": batching, "batch": b, "confidence": confidence,
-      "width_rule": rule,
+      "width_rule": rule, "verify_steps": steps,
       "same_as_base": answers == base, "tokens": tokens,
       "tokens_per_forward": tokens / max(sum(forwards), 1),
       "acceptance": [a / r if r else None for r, a in zip(reached, accepted)],
@@ -81,25 +83,29 @@ def measure(args) -> dict:
   return {"max_new_tokens": args.max_new_tokens, "prompts": args.verify_prompts, "rows": rows}
 
 
-def _variants(args) -> list[tuple[float, bool]]:
-  """(drafting confidence, width rule on) of every verified setting."""
+def _variants(args, d) -> list[tuple[float, bool, int]]:
+  """(drafting confidence, width rule on, verify_steps) of every verified setting."""
   rules = {"on": True, "off": False}
-  return [(float(c), rules[r]) for c in args.draft_confidences.split(",")
-          for r in args.width_rules.split(",")]
+  depths = ([int(x) for x in args.verify_steps.split(",")] if args.verify_steps
+            else [d.verify_steps or d.config.max_steps])
+  return [(float(c), rules[r], s) for c in args.draft_confidences.split(",")
+          for r in args.width_rules.split(",") for s in depths]
 
 
 def _static_rows(args, d, prompts, cache_length, prompt_set) -> list[dict]:
   """`Sampler.decode` over consecutive batches of b prompts, base and verified in rotation."""
   base = Sampler(d.config, d.params, base=True, cache_length=cache_length,
                  out_length=args.max_new_tokens, eos_ids=d.eos_ids)
-  verify = {rule: Sampler(d.config, d.params, cache_length=cache_length,
-                          out_length=args.max_new_tokens, eos_ids=d.eos_ids,
-                          draft_vocab=d.draft_vocab, verify=True, draft_width_rule=rule)
-            for rule in {r for _, r in _variants(args)}}
+  verify = {(rule, steps): Sampler(d.config, d.params, cache_length=cache_length,
+                                   out_length=args.max_new_tokens, eos_ids=d.eos_ids,
+                                   draft_vocab=d.draft_vocab, verify=True,
+                                   draft_width_rule=rule, verify_steps=steps)
+            for rule, steps in {v[1:] for v in _variants(args, d)}}
   rows = []
   for b in args.batch_sizes:
     settings = [("base", base, {})] + [
-        (v, verify[v[1]], dict(confidence=v[0], min_token_prob=0.0)) for v in _variants(args)]
+        (v, verify[v[1:]], dict(confidence=v[0], min_token_prob=0.0))
+        for v in _variants(args, d)]
     for _, sampler, knobs in settings:                      # compile, then time
       sampler.decode(prompts[:b], max_new_tokens=args.max_new_tokens, **knobs)
     runs = {name: [] for name, _, _ in settings}
@@ -107,7 +113,7 @@ def _static_rows(args, d, prompts, cache_length, prompt_set) -> list[dict]:
       for name, sampler, knobs in settings:
         runs[name].append(_run(sampler, prompts, b, args.max_new_tokens, **knobs))
     median = lambda name: statistics.median(r[2] for r in runs[name])
-    for v in _variants(args):
+    for v in _variants(args, d):
       answers, forwards, _, counts = runs[v][0]
       rows.append(_row(prompt_set, b, v, runs["base"][0][0], answers, forwards, median(v),
                        counts, median("base")))
@@ -130,10 +136,11 @@ def _continuous_rows(args, d, prompts, cache_length, prompt_set) -> list[dict]:
   for b in args.batch_sizes:
     kw = dict(num_slots=b, cache_length=cache_length, eos_ids=d.eos_ids)
     base = ContinuousBatcher(d.config, d.params, base=True, **kw)
-    verify = {rule: ContinuousBatcher(d.config, d.params, draft_vocab=d.draft_vocab, verify=True,
-                                      draft_width_rule=rule, **kw)
-              for rule in {r for _, r in _variants(args)}}
-    settings = [("base", base, 1.0)] + [(v, verify[v[1]], v[0]) for v in _variants(args)]
+    verify = {(rule, steps): ContinuousBatcher(d.config, d.params, draft_vocab=d.draft_vocab,
+                                               verify=True, draft_width_rule=rule,
+                                               verify_steps=steps, **kw)
+              for rule, steps in {v[1:] for v in _variants(args, d)}}
+    settings = [("base", base, 1.0)] + [(v, verify[v[1:]], v[0]) for v in _variants(args, d)]
     for _, batcher, c in settings:                          # compile, then time
       _generate(batcher, prompts[:b + 1], args.max_new_tokens, c)
     runs = {name: [] for name, _, _ in settings}
@@ -141,7 +148,7 @@ def _continuous_rows(args, d, prompts, cache_length, prompt_set) -> list[dict]:
       for name, batcher, c in settings:
         runs[name].append(_generate(batcher, prompts, args.max_new_tokens, c))
     median = lambda name: statistics.median(r[2] for r in runs[name])
-    for v in _variants(args):
+    for v in _variants(args, d):
       answers, forwards, _ = runs[v][0]
       rows.append(_row(prompt_set, b, v, runs["base"][0][0], answers, forwards, median(v),
                        None, median("base"), batching="continuous"))
@@ -152,10 +159,11 @@ def format_table(result: dict) -> str:
   from benchmarks.common import markdown_table  # pylint: disable=import-outside-toplevel
   fmt = lambda x: "-" if x is None else f"{x:.2f}"
   return markdown_table(
-      ["prompts", "batching", "batch", "confidence", "width rule", "same as base",
-       "tokens/forward", "acceptance 1/2/3", "tokens/s", "base tokens/s", "vs base"],
+      ["prompts", "batching", "batch", "confidence", "width rule", "steps", "same as base",
+       "tokens/forward", "acceptance per draft", "tokens/s", "base tokens/s", "vs base"],
       [[r["prompt_set"], r.get("batching", "static"), r["batch"], r["confidence"],
-        {True: "on", False: "off"}.get(r.get("width_rule"), "-"), r["same_as_base"],
+        {True: "on", False: "off"}.get(r.get("width_rule"), "-"), r.get("verify_steps", 4),
+        r["same_as_base"],
         f"{r['tokens_per_forward']:.2f}", "/".join(fmt(a) for a in r["acceptance"]),
         f"{r['tokens_per_s']:.1f}", f"{r['base_tokens_per_s']:.1f}", f"{r['speedup']:.2f}x"]
        for r in result["rows"]])
