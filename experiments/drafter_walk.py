@@ -8,8 +8,8 @@ For the base's own greedy answers to held-out prompts (`recipes/heldout.py`, cha
 --max_new_tokens) this reports, with the shipped verification drafter: the teacher-forced tokens
 per forward (positions with all drafts inside the answer, as `drafter.acceptance` reports them;
 and every position), the walk's tokens per forward on the same acceptance, and the decode loop's
-own (`Sampler(verify=True)`, three drafts proposed every forward). The held-out distilled answers
-of the drafter's training (lines 9,750-9,999 of the distilled data) give the first two figures
+own (`Sampler(verify=True)`, S - 1 drafts proposed every forward, S = --verify_steps). The
+held-out distilled answers of the drafter's training (lines 9,750-9,999) give the first two figures
 too when their cached features are there (--heldout_features DIR). Prints a table and its JSON;
 writes the JSON with "provenance" to --out (default docs/results/data/training/drafter_walk.json).
 """
@@ -28,7 +28,8 @@ HELDOUT_LINES = (9750, 10000)
 
 def _row(name: str, cfg, params, ids, cache, decoded=None) -> dict:
   from hamburger_jax.train import drafter
-  data = drafter.prepare(cache, ids, cfg.base.vocab_size)
+  from hamburger_jax.train.drafter_features import with_steps
+  data = drafter.prepare(with_steps(cache, cfg.max_steps), ids, cfg.base.vocab_size)
   acc = drafter.acceptance(cfg, params, ids, data)
   return {"answers": name, "positions": acc["positions"],
           "conditional_acceptance": acc["conditional_acceptance"],
@@ -42,7 +43,9 @@ def measure(args) -> dict:
   from hamburger_jax.decode.sampler import Sampler
   from hamburger_jax.recipes.heldout import heldout_prompts
   from hamburger_jax.train import drafter_features as dfe
+  from hamburger_jax.decode.models import verify_depth
   d = open_checkpoint("smollm2", verify=True)
+  steps = args.verify_steps or d.verify_steps or d.config.max_steps
   cfg, params, ids = d.config, d.params, np.asarray(d.draft_vocab)
   rows = []
   for prompt_set in args.prompt_sets.split(","):
@@ -51,7 +54,8 @@ def measure(args) -> dict:
     cache_length = -(-(max(len(p) for p in prompts) + args.max_new_tokens) // 64) * 64
     kw = dict(cache_length=cache_length, out_length=args.max_new_tokens, eos_ids=d.eos_ids)
     base = Sampler(cfg, params, base=True, **kw)
-    verify = Sampler(cfg, params, draft_vocab=d.draft_vocab, verify=True, **kw)
+    verify = Sampler(cfg, params, draft_vocab=d.draft_vocab, verify=True, verify_steps=steps,
+                     **kw)
     answers, tokens, forwards = [], 0, 0
     for i in range(0, len(prompts), 8):
       batch = prompts[i:i + 8]
@@ -61,19 +65,20 @@ def measure(args) -> dict:
       tokens, forwards = tokens + sum(len(t) for t in r.tokens), forwards + sum(r.macro_steps)
     cache = dfe.compute_features(cfg, params, list(zip(map(list, prompts), answers)),
                                  log_every=0)
-    rows.append(_row(f"base's answers, {prompt_set}, {len(prompts)} prompts", cfg, params, ids,
-                     cache, tokens / forwards))
+    rows.append(_row(f"base's answers, {prompt_set}, {len(prompts)} prompts",
+                     *verify_depth(cfg, params, steps), ids, cache, tokens / forwards))
   if args.heldout_features:
     from hamburger_jax.recipes.verify_drafter import cache_features
     cache = cache_features(cfg, params, args.heldout_features, HELDOUT_LINES)
-    rows.append(_row("distilled answers 9,750-9,999", cfg, params, ids, cache))
-  return {"max_new_tokens": args.max_new_tokens, "rows": rows}
+    rows.append(_row("distilled answers 9,750-9,999", *verify_depth(cfg, params, steps), ids,
+                     cache))
+  return {"max_new_tokens": args.max_new_tokens, "verify_steps": steps, "rows": rows}
 
 
 def format_table(result: dict) -> str:
   f = lambda x: "-" if x is None else f"{x:.3f}"
   return markdown_table(
-      ["answers", "positions", "acceptance 1/2/3", "teacher forced", "every position", "walk",
+      ["answers", "positions", "acceptance per draft", "teacher forced", "every position", "walk",
        "decoded"],
       [[r["answers"], r["positions"], "/".join(f"{a:.2f}" for a in r["conditional_acceptance"]),
         f(r["teacher_forced"]), f(r["teacher_forced_every_position"]), f(r["walk"]),
@@ -85,12 +90,16 @@ def main(argv=None) -> None:
   p.add_argument("--prompts", type=int, default=24)
   p.add_argument("--prompt_sets", default="both,code")
   p.add_argument("--max_new_tokens", type=int, default=48)
+  p.add_argument("--verify_steps", type=int, default=0,
+                 help="tokens per forward at most (0: the verification drafter's own depth)")
   p.add_argument("--heldout_features", default="",
                  help="the drafter recipe's held-out feature cache (WORKDIR/features/heldout)")
   p.add_argument("--out", default=os.path.join(results_dir("training"), "drafter_walk.json"))
   args = p.parse_args(argv)
   if args.prompts < 1 or args.max_new_tokens < 2:
     p.error("--prompts must be >= 1 and --max_new_tokens >= 2.")
+  if args.verify_steps and not 2 <= args.verify_steps <= 16:
+    p.error(f"--verify_steps must be 0 (the drafter's own) or in 2..16, got {args.verify_steps}.")
   result = write_json(measure(args), args.out, "experiments.drafter_walk", argv)
   print(format_table(result))
 

@@ -113,8 +113,11 @@ def test_nll_by_token_kind_rejects_a_missing_asset(capsys, tmp_path):
   assert "--asset_dir: No shipped HAMburger weights" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("argv", [["--prompts", "0"], ["--max_new_tokens", "1"]])
-def test_drafter_walk_rejects_bad_counts_before_any_work(capsys, argv):
+@pytest.mark.parametrize("argv, message", [
+    (["--prompts", "0"], "--prompts must be >= 1 and --max_new_tokens >= 2"),
+    (["--max_new_tokens", "1"], "--prompts must be >= 1 and --max_new_tokens >= 2"),
+    (["--verify_steps", "1"], "--verify_steps must be 0 (the drafter's own) or in 2..16")])
+def test_drafter_walk_rejects_bad_counts_before_any_work(capsys, argv, message):
   with pytest.raises(SystemExit):
     drafter_walk.main(argv + ["--out", ""])
-  assert "--prompts must be >= 1 and --max_new_tokens >= 2" in capsys.readouterr().err
+  assert message in capsys.readouterr().err
