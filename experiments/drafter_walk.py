@@ -43,10 +43,15 @@ def measure(args) -> dict:
   from hamburger_jax.decode.sampler import Sampler
   from hamburger_jax.recipes.heldout import heldout_prompts
   from hamburger_jax.train import drafter_features as dfe
+  from hamburger_jax.decode.checkpoint import load_verify_drafter, verify_drafter_steps
   from hamburger_jax.decode.models import verify_depth
   d = open_checkpoint("smollm2", verify=True)
-  steps = args.verify_steps or d.verify_steps or d.config.max_steps
-  cfg, params, ids = d.config, d.params, np.asarray(d.draft_vocab)
+  params, recorded = d.params, d.verify_steps
+  if args.drafter:                  # a drafter recipe's WORKDIR instead of the shipped drafter
+    params = load_verify_drafter(args.drafter, params)
+    recorded = verify_drafter_steps(args.drafter)
+  steps = args.verify_steps or recorded or d.config.max_steps
+  cfg, ids = d.config, np.asarray(d.draft_vocab)
   rows = []
   for prompt_set in args.prompt_sets.split(","):
     items = heldout_prompts(args.prompts, prompt_set)
@@ -72,7 +77,8 @@ def measure(args) -> dict:
     cache = cache_features(cfg, params, args.heldout_features, HELDOUT_LINES)
     rows.append(_row("distilled answers 9,750-9,999", *verify_depth(cfg, params, steps), ids,
                      cache))
-  return {"max_new_tokens": args.max_new_tokens, "verify_steps": steps, "rows": rows}
+  return {"max_new_tokens": args.max_new_tokens, "verify_steps": steps,
+          "drafter": args.drafter or "shipped", "rows": rows}
 
 
 def format_table(result: dict) -> str:
@@ -92,6 +98,9 @@ def main(argv=None) -> None:
   p.add_argument("--max_new_tokens", type=int, default=48)
   p.add_argument("--verify_steps", type=int, default=0,
                  help="tokens per forward at most (0: the verification drafter's own depth)")
+  p.add_argument("--drafter", default="",
+                 help="a verify_drafter WORKDIR whose verify_drafter.safetensors to measure "
+                      "(default: the shipped one)")
   p.add_argument("--heldout_features", default="",
                  help="the drafter recipe's held-out feature cache (WORKDIR/features/heldout)")
   p.add_argument("--out", default=os.path.join(results_dir("training"), "drafter_walk.json"))
