@@ -122,11 +122,13 @@ def train_in_time(cfg, params, draft_ids, data, args, seconds: float):
 def run(args, out: str) -> dict:
   """Stages 1-4 (module docstring) in args.drafter_minutes -> the report written to OUT."""
   from hamburger_jax.decode import draft_vocab as draft_vocab_lib
-  from hamburger_jax.decode.checkpoint import load_verify_drafter
+  from hamburger_jax.decode.checkpoint import load_verify_drafter, verify_drafter_steps
+  from hamburger_jax.decode.models import verify_depth
   from hamburger_jax.recipes.accelerate_steps import machine
   from hamburger_jax.recipes.verify_drafter import export, parse_lines, parse_ranges
   from hamburger_jax.shipped.smollm2 import ASSET_DIR, load_shipped
   from hamburger_jax.train import drafter
+  from hamburger_jax.train.drafter_features import with_steps
   start = time.time()
   deadline = start + 60 * args.drafter_minutes
   os.makedirs(out, exist_ok=True)
@@ -145,7 +147,10 @@ def run(args, out: str) -> dict:
   with jax.default_matmul_precision("highest"):
     caches = features(cfg, shipped, [train_records, shipped_records([parse_lines(
         args.heldout_lines)]), shipped_records(parse_ranges(args.calibrate_lines))])
-  data, heldout, calibrate = [drafter.prepare(c, draft_ids, cfg.base.vocab_size) for c in caches]
+  depth = verify_drafter_steps(ASSET_DIR) or cfg.max_steps     # the shipped drafter's own
+  data, heldout, calibrate = [drafter.prepare(with_steps(c, depth), draft_ids, cfg.base.vocab_size)
+                              for c in caches]
+  cfg, params = verify_depth(cfg, params, depth)
   before = drafter.acceptance(cfg, params, draft_ids, heldout)
   log(f"drafter: features of {len(train_records)} answers ({time.time() - start:.0f} s); "
       f"held out before: {_brief(before)}")
@@ -161,7 +166,7 @@ def run(args, out: str) -> dict:
          "calibrate_lines": args.calibrate_lines, "heldout_lines": args.heldout_lines,
          "steps": steps, "batch": args.drafter_batch, "lr": args.drafter_lr,
          "seconds_per_step": round(step_s, 4), "calibrate_steps": args.calibrate_steps,
-         "init": "the shipped verification drafter", "machine": machine(),
+         "init": "the shipped verification drafter", "verify_steps": depth, "machine": machine(),
          "minutes": round((time.time() - start) / 60, 2)}
   export(os.path.join(out, FILES[1]), params["micro_decoder"], how)
   report = {"how": how, "heldout_before": before, "heldout_after": after,

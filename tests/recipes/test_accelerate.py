@@ -111,7 +111,8 @@ def test_dry_run_trains_evaluates_and_exports_loadable_shards(tmp_path):
 @pytest.mark.slow
 def test_drafter_stage_dry_run_distils_trains_and_exports_a_loadable_drafter(tmp_path):
   # --drafter_minutes == --minutes: the drafter stage alone (the merged stage is tested above).
-  from hamburger_jax.decode.checkpoint import VERIFY_DRAFTER_FILE, load_verify_drafter
+  from hamburger_jax.decode.checkpoint import (VERIFY_DRAFTER_FILE, load_verify_drafter,
+                                               verify_drafter_steps)
   from hamburger_jax.recipes import accelerate_drafter, broad_prompts, verify_drafter
   from hamburger_jax.shipped import smollm2
   out = tmp_path / "out"
@@ -121,10 +122,13 @@ def test_drafter_stage_dry_run_distils_trains_and_exports_a_loadable_drafter(tmp
   assert sorted(os.listdir(out)) == sorted(accelerate_drafter.FILES)
   new = broad_prompts.answered_prompts(str(out / "sft_more.jsonl.gz"))
   assert len(new) == 3 and not new & broad_prompts.answered_prompts(verify_drafter.DATA)
-  assert report["how"]["steps"] == 2
+  depth = verify_drafter_steps(smollm2.ASSET_DIR) or 4     # trained at the shipped drafter's S
+  assert report["how"]["steps"] == 2 and report["how"]["verify_steps"] == depth
+  assert verify_drafter_steps(str(out)) == depth
   for when in ("heldout_before", "heldout_after"):
     assert report[when]["positions"] > 0 and report[when]["tokens_per_forward"] >= 1
-    assert 1 <= report[when]["decoded_tokens_per_forward"] <= 4     # S = 4 tokens at most
+    assert 1 <= report[when]["decoded_tokens_per_forward"] <= depth     # S tokens at most
+    assert len(report[when]["conditional_acceptance"]) == depth - 1
   shutil.copy(out / "verify_drafter.safetensors", tmp_path / VERIFY_DRAFTER_FILE)
   _, shipped, _, _ = smollm2.load_shipped()
   params = load_verify_drafter(str(tmp_path), shipped)
