@@ -123,12 +123,14 @@ def train_row(entry: str) -> dict:
 
 def decode_rows(entry: str, models=DECODE_MODELS, explain: bool = False, fill: int | None = None,
                 quantize: str = "none", draft_vocab: int = 0,
-                micro_layers: int | None = None, kv_cache: str = "model") -> list[dict]:
+                micro_layers: int | None = None, kv_cache: str = "model",
+                verify_steps: int | None = None) -> list[dict]:
   """explain: each row also gets "bytes", the step's byte attribution (`tpu.step_bytes`);
   quantize: "int8" / "int8:G" compiles the loops with int8 weights (`model/quantize.py`; G: a
   scale per group of G inputs); draft_vocab: K > 0
   = drafts choose from K ids (the base's rows have none); micro_layers: the micro decoder's
-  depth (None: the preset's); kv_cache: what the KV buffers store ("model" or "int8")."""
+  depth (None: the preset's); kv_cache: what the KV buffers store ("model" or "int8");
+  verify_steps: verified decoding's inputs per row and forward (None: the preset's max_steps)."""
   size, chip, shape, batch, slots, *mesh = entry.replace("@", ":").split(":")
   from hamburger_jax.model.config import get_preset
   cfg = get_preset(_DECODE_PRESETS[size], dtype="bfloat16", param_dtype="bfloat16")
@@ -144,7 +146,7 @@ def decode_rows(entry: str, models=DECODE_MODELS, explain: bool = False, fill: i
                                      base=model == "base", verify=model == "verify",
                                      inspect=inspect, quantize=quantize,
                                      mesh=mesh[0] if mesh else None, draft_vocab=k,
-                                     kv_cache=kv_cache)
+                                     kv_cache=kv_cache, verify_steps=verify_steps)
     if mesh and "bytes" in report:         # XLA's bytes are one chip's: so is the floor
       report["bytes"] = step_bytes.per_chip(
           report["bytes"], report["param_gib_per_chip"] / report["param_gib"],
@@ -152,6 +154,7 @@ def decode_rows(entry: str, models=DECODE_MODELS, explain: bool = False, fill: i
     rows.append({"kind": "decode", "entry": entry, "model": model, "quantize": quantize,
                  "kv_cache": kv_cache,
                  "draft_vocab": k, "micro_layers": cfg.num_micro_layers,
+                 "verify_steps": (verify_steps or cfg.max_steps) if model == "verify" else None,
                  "batch": int(batch), "slots": int(slots), **report,
                  "step_ms_at_hbm_bw": report.get("bytes_accessed", 0.0)
                  / (aot.HBM_GBPS[chip] * 1e9) * 1e3,
@@ -217,9 +220,16 @@ def main(argv=None):
                  help="decode: drafts choose from this many token ids (0: the whole vocabulary)")
   p.add_argument("--kv_cache", default="model", choices=("model", "int8"),
                  help="decode: what the KV buffers store (model/kv_cache.py)")
+  p.add_argument("--verify_steps", type=int, default=None,
+                 help="decode: verified decoding's inputs per row and forward (drafts + 1; "
+                      "default: the preset's max_steps)")
   p.add_argument("--micro_layers", type=int, default=None,
                  help="decode: the micro decoder's layers (default: the preset's)")
   args = p.parse_args(argv)
+  if args.verify_steps is not None and not 2 <= args.verify_steps <= 16:
+    p.error(f"--verify_steps must be in 2..16, got {args.verify_steps}.")
+  if args.verify_steps is not None and args.explain:
+    p.error("--verify_steps: the byte attribution (--explain) reads the preset's depth only.")
   if args.micro_layers is not None and args.micro_layers < 1:
     p.error(f"--micro_layers must be >= 1, got {args.micro_layers}.")
   if args.draft_vocab < 0:
@@ -238,7 +248,8 @@ def main(argv=None):
 
   for entry in (e for e in args.decode if e != "none"):
     for row in decode_rows(entry, args.models, args.explain, args.fill, args.quantize,
-                           args.draft_vocab, args.micro_layers, args.kv_cache):
+                           args.draft_vocab, args.micro_layers, args.kv_cache,
+                           args.verify_steps):
       add(row)
   for entry in (e for e in args.train if e != "none"):
     add(train_row(entry))

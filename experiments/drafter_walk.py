@@ -45,11 +45,12 @@ def measure(args) -> dict:
   from hamburger_jax.train import drafter_features as dfe
   from hamburger_jax.decode.checkpoint import load_verify_drafter, verify_drafter_steps
   from hamburger_jax.decode.models import verify_depth
+  from hamburger_jax.shipped.smollm2 import ASSET_DIR
   d = open_checkpoint("smollm2", verify=True)
-  params, recorded = d.params, d.verify_steps
+  params = d.params
   if args.drafter:                  # a drafter recipe's WORKDIR instead of the shipped drafter
     params = load_verify_drafter(args.drafter, params)
-    recorded = verify_drafter_steps(args.drafter)
+  recorded = verify_drafter_steps(args.drafter or ASSET_DIR)      # the depth it was trained for
   steps = args.verify_steps or recorded or d.config.max_steps
   cfg, ids = d.config, np.asarray(d.draft_vocab)
   rows = []

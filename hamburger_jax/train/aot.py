@@ -143,7 +143,8 @@ def _on(device, tree):
 def compile_decode_loop(cfg, device, batch: int, cache_length: int, prompt_len: int = 16,
                         base: bool = False, verify: bool = False, inspect=None,
                         quantize: str | None = None, mesh: str | None = None,
-                        draft_vocab: int = 0, kv_cache: str = "model") -> dict:
+                        draft_vocab: int = 0, kv_cache: str = "model",
+                        verify_steps: int | None = None) -> dict:
   """AOT-compiles the decode loop (`decode.sampler`'s while_loop over macro steps) on one chip.
 
   cfg: a HamburgerConfig (its dtypes are the params' and the KV cache's); base=True decodes with
@@ -156,6 +157,7 @@ def compile_decode_loop(cfg, device, batch: int, cache_length: int, prompt_len: 
   draft_vocab: K > 0 = drafts choose from K ids (`decode/draft_vocab.py`; ids 0..K-1 stand in
   for a real draft vocabulary, the bytes are the same); the base alone has no drafts.
   kv_cache: what the KV buffers store, "model" or "int8" (`model/kv_cache.py`).
+  verify_steps: verified decoding's S (inputs per row and forward; None: cfg.max_steps).
   """
   from hamburger_jax.decode import loop as lp, state as ds
   from hamburger_jax.decode.mesh import on_mesh
@@ -167,7 +169,9 @@ def compile_decode_loop(cfg, device, batch: int, cache_length: int, prompt_len: 
   params = jax.eval_shape(init, jax.random.PRNGKey(0))
   ids = list(range(draft_vocab)) if draft_vocab and not base else None
   models = []                         # the (static) decode model, built beside its abstract params
-  params = jax.eval_shape(lambda p: _keep_first(models, decode_model(cfg, p, base, ids)), params)
+  depth = verify_steps if verify else None
+  params = jax.eval_shape(lambda p: _keep_first(models, decode_model(cfg, p, base, ids,
+                                                                    verify_steps=depth)), params)
   model = models[0]
   params = jax.eval_shape(lambda p: apply_mode(p, model.llama, quantize), params)
   grid = decode_mesh(mesh, device, model)

@@ -246,6 +246,16 @@ def test_tpu_plan_checks_the_quantize_mode(capsys):
     assert f"got '{bad}'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flags, words", [
+    (["--verify_steps", "1"], "--verify_steps must be in 2..16"),
+    (["--verify_steps", "6", "--explain"], "reads the preset's depth only")])
+def test_tpu_plan_checks_the_verify_depth(capsys, flags, words):
+  from benchmarks import tpu_plan  # pylint: disable=g-import-not-at-top
+  with pytest.raises(SystemExit):
+    tpu_plan.main(["--train", "none", *flags])
+  assert words in capsys.readouterr().err
+
+
 def test_a_mesh_steps_floor_is_one_chips_shards():
   from benchmarks.tpu import step_bytes  # pylint: disable=g-import-not-at-top
   whole = {"floor": {"weights": 8.0, "repeats": 2.0, "kv_cache": 6.0, "total": 16.0},
