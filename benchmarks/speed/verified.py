@@ -16,7 +16,7 @@ their slowest row is done, so a row that drew fewer accepted drafts holds the ba
 --width_rules on,off: verified decoding with and without the width rule (`decode/draft_width.py`:
 a step sends only the drafts worth its forward width's cost).
 --verify_steps 4,6: verified decoding at each depth (tokens a forward commits at most; default:
-the checkpoint's, `open_checkpoint(..).verify_steps`: its drafter's own, at most 4 on a CPU).
+the verification drafter's own, `open_checkpoint(..).verify_steps`).
 """
 
 from __future__ import annotations

@@ -19,7 +19,6 @@ import dataclasses
 import os
 from typing import Any
 
-import jax
 import numpy as np
 
 from hamburger_jax.convert import CheckpointError, load_model
@@ -50,7 +49,7 @@ class Decodable:
   fence_ids: tuple[int, ...]      # code-fence token ids (empty when off / base / no tokenizer)
   draft_vocab: np.ndarray | None  # token ids drafts choose from; None = all
   eos_ids: tuple[int, ...]        # model EOS ids (+ tokenizer stop ids when chat)
-  verify_steps: int | None = None  # verified decoding's default depth (default_verify_steps)
+  verify_steps: int | None = None  # verified decoding's depth its drafter was made for; None: S
 
   @property
   def llama(self) -> LlamaConfig:
@@ -151,28 +150,13 @@ def open_checkpoint(ckpt: str, *, base_config: str | None = None, tokenizer: str
       draft_vocab=None if base_only else load_draft_vocab(
           draft_vocab, ckpt_dir, cfg),
       eos_ids=tuple(eos),
-      verify_steps=(default_verify_steps(verify_drafter_steps(ckpt_dir))
-                    if verify and not base_only else None))
+      verify_steps=verify_drafter_steps(ckpt_dir) if verify and not base_only else None)
 
 
 def checkpoint_dir(ckpt: str) -> str:
   """The directory holding `ckpt`'s files: a named checkpoint's asset dir, else `ckpt` itself."""
   entry = named(ckpt)
   return entry.asset_dir if entry is not None else ckpt
-
-
-# On a CPU a forward's cost grows with its width: a 6-wide SmolLM2 forward plus its drafts costs
-# more than the extra tokens it commits (docs/results/quality.md, 2026-11-27), so verified
-# decoding there defaults to at most this depth; accelerators, memory-bound, take the drafter's.
-CPU_VERIFY_STEPS = 4
-
-
-def default_verify_steps(recorded: int | None) -> int | None:
-  """The depth verified decoding takes when none is asked: the drafter's recorded one (None: the
-  model's max_steps), at most CPU_VERIFY_STEPS on a CPU."""
-  if recorded is None or jax.default_backend() != "cpu":
-    return recorded
-  return min(recorded, CPU_VERIFY_STEPS)
 
 
 def verify_drafter_steps(ckpt_dir: str) -> int | None:

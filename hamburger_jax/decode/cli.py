@@ -322,8 +322,8 @@ _HELP = {
               "so the answer is the base's own (greedy: token for token) in fewer forwards; "
               "--show_groups marks the tokens of each forward",
     "verify_steps": "--verify: the tokens a forward commits at most (drafts + 1), 2..16 (0: what "
-                    "the checkpoint's verification drafter was trained for, at most 4 on a CPU; "
-                    "else the model's max_steps)",
+                    "the checkpoint's verification drafter was trained for, else the model's "
+                    "max_steps)",
     "quantize": "weights the decode loop reads: 'none' (as stored), 'int8' (int8 with "
                 "per-output-channel scales, quantized once at load: half the weight bytes of "
                 "bfloat16 per step) or 'int8:G' (a scale per group of G inputs, e.g. int8:64; G "

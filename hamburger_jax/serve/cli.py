@@ -24,8 +24,8 @@ from typing import Sequence
 from hamburger_jax.convert import CheckpointError
 from hamburger_jax.decode.checkpoint import (apply_quantize, check_kv_cache, check_quantize,
                                              check_verify_steps, checkpoint_dir, code_fence_ids,
-                                             default_verify_steps, load_verify_drafter,
-                                             open_checkpoint, resolve_knobs, verify_drafter_steps)
+                                             load_verify_drafter, open_checkpoint, resolve_knobs,
+                                             verify_drafter_steps)
 from hamburger_jax.decode.prompts import UsageError
 from hamburger_jax.decode import verify
 from hamburger_jax.decode.mesh import make_decode_mesh, parse_mesh
@@ -93,8 +93,7 @@ class ServeArgs:
   verify: bool = _flag(False, "verified decoding: the base checks the micro decoder's drafts, so "
                               "every answer is the base model's own (greedy: token for token)")
   verify_steps: int = _flag(0, "verified decoding's tokens per forward at most (drafts + 1), "
-                               "2..16; 0: what the verification drafter was trained for (at "
-                               "most 4 on a CPU)")
+                               "2..16; 0: what the verification drafter was trained for")
   verify_requests: bool = _flag(
       False, "run merged and verified decoding side by side, each request choosing with "
              "'verify': true|false (--verify: the default); one copy of the base weights, twice "
@@ -214,8 +213,7 @@ def mode_router(a: ServeArgs, d, make) -> engines.ModeRouter:
   merged = make(apply_quantize(d.params, d.config, a.quantize), verify=False)
   micro = apply_quantize({"micro_decoder": micro}, None, a.quantize)["micro_decoder"]
   verified = make({**merged.params, "micro_decoder": micro}, verify=True,
-                  verify_steps=a.verify_steps or default_verify_steps(
-                      verify_drafter_steps(checkpoint_dir(a.ckpt))))
+                  verify_steps=a.verify_steps or verify_drafter_steps(checkpoint_dir(a.ckpt)))
   if a.warmup:
     for engine in (merged, verified):
       warm_up(engine)

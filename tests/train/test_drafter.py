@@ -160,8 +160,7 @@ def test_cache_round_trips_without_pickle(tmp_path):
 def test_verified_decoding_loads_the_checkpoints_verification_drafter(tmp_path):
   import jax.numpy as jnp
   from hamburger_jax.convert import CheckpointError
-  from hamburger_jax.decode.checkpoint import (CPU_VERIFY_STEPS, VERIFY_DRAFTER_FILE,
-                                               default_verify_steps, open_checkpoint,
+  from hamburger_jax.decode.checkpoint import (VERIFY_DRAFTER_FILE, open_checkpoint,
                                                verify_drafter_steps)
   from hamburger_jax.recipes.verify_drafter import export
   from hamburger_jax.testing.fixtures import make_tiny_checkpoint
@@ -183,10 +182,7 @@ def test_verified_decoding_loads_the_checkpoints_verification_drafter(tmp_path):
   assert same.verify_steps is None
   export(str(tmp_path / "tiny" / VERIFY_DRAFTER_FILE), shifted, {"verify_steps": 6})
   assert verify_drafter_steps(str(tmp_path / "tiny")) == 6
-  # The default depth: the drafter's, at most CPU_VERIFY_STEPS on a CPU.
-  assert open_checkpoint(ckpt, token_ids=True, verify=True).verify_steps == (
-      CPU_VERIFY_STEPS if jax.default_backend() == "cpu" else 6)
-  assert default_verify_steps(None) is None and default_verify_steps(3) == 3
+  assert open_checkpoint(ckpt, token_ids=True, verify=True).verify_steps == 6
   export(str(tmp_path / "tiny" / VERIFY_DRAFTER_FILE),
          {"layers_0": shifted["stop_head"]}, {"how": "wrong layers"})
   with pytest.raises(CheckpointError, match="does not fit"):
