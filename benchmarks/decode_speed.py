@@ -55,7 +55,7 @@ GROUPS = {            # flags that apply to one measurement only (dest: default)
                 "code_fences": 1},
     "verify": {"prompt_sets": "both,code", "draft_confidences": "0.001,0.3,0.5",
                "verify_prompts": 24, "verify_batching": "static", "width_rules": "off",
-               "verify_steps": ""},
+               "verify_steps": "", "draft_branches": "1"},
 }
 DEFAULTS = {"sampler": dict(batch_sizes="1,8", out=("step_costs", "decode_speed.json")),
             "micro_layers": dict(max_new_tokens=128, out=("step_costs", "micro_layers.json")),
@@ -118,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
   v.add_argument("--verify_steps",
                  help="depths of verified decoding, comma-separated, e.g. 4,6 (tokens a forward "
                       "commits at most; default: the verification drafter's own)")
+  v.add_argument("--draft_branches",
+                 help="draft chains a verified step checks as one tree, comma-separated, e.g. "
+                      "1,2 (decode/draft_tree.py; default 1)")
   v.add_argument("--width_rules", choices=("on", "off", "on,off"),
                  help="verified steps with the width rule (decode/draft_width.py) on and/or off")
   p.set_defaults(**GROUPS["sampler"], **GROUPS["batched"], **GROUPS["verify"])
@@ -196,6 +199,10 @@ def parse_args(argv=None):
     _list_error(parser, "verify_steps", args.verify_steps, positive_ints,
                 lambda v: bool(v) and all(2 <= s <= 16 for s in v),
                 "comma-separated depths in 2..16 are needed, e.g. --verify_steps=4,6")
+  if mode == "verify":
+    _list_error(parser, "draft_branches", args.draft_branches, positive_ints,
+                lambda v: bool(v) and all(1 <= k <= 8 for k in v),
+                "comma-separated chain counts in 1..8 are needed, e.g. --draft_branches=1,2")
   return args, mode
 
 

@@ -30,6 +30,8 @@ a mesh both are one chip's (the floor: its shards of the weights and the KV cach
 --draft_vocab K: HAMburger's and verified decoding's drafts choose from K ids
 (`decode/draft_vocab.py`), so a drafting micro step reads K rows of the LM head, not all.
 --micro_layers N: the micro decoder (drafter) has N layers instead of the preset's.
+--draft_branches C: verified decoding drafts C chains and checks them as one tree a forward
+(`decode/draft_tree.py`: 1 + C (S - 1) inputs a row).
 --kv_cache int8: the KV buffers store int8 with a float32 scale per head vector.
 Writes {"rows": [...], "provenance"} to --out after every entry (default
 docs/results/data/tpu/tpu_plan.json).
@@ -124,13 +126,14 @@ def train_row(entry: str) -> dict:
 def decode_rows(entry: str, models=DECODE_MODELS, explain: bool = False, fill: int | None = None,
                 quantize: str = "none", draft_vocab: int = 0,
                 micro_layers: int | None = None, kv_cache: str = "model",
-                verify_steps: int | None = None) -> list[dict]:
+                verify_steps: int | None = None, draft_branches: int = 1) -> list[dict]:
   """explain: each row also gets "bytes", the step's byte attribution (`tpu.step_bytes`);
   quantize: "int8" / "int8:G" compiles the loops with int8 weights (`model/quantize.py`; G: a
   scale per group of G inputs); draft_vocab: K > 0
   = drafts choose from K ids (the base's rows have none); micro_layers: the micro decoder's
   depth (None: the preset's); kv_cache: what the KV buffers store ("model" or "int8");
-  verify_steps: verified decoding's inputs per row and forward (None: the preset's max_steps)."""
+  verify_steps: verified decoding's inputs per row and forward (None: the preset's max_steps);
+  draft_branches: verified decoding checks a tree of this many draft chains (`draft_tree`)."""
   size, chip, shape, batch, slots, *mesh = entry.replace("@", ":").split(":")
   from hamburger_jax.model.config import get_preset
   cfg = get_preset(_DECODE_PRESETS[size], dtype="bfloat16", param_dtype="bfloat16")
@@ -146,7 +149,8 @@ def decode_rows(entry: str, models=DECODE_MODELS, explain: bool = False, fill: i
                                      base=model == "base", verify=model == "verify",
                                      inspect=inspect, quantize=quantize,
                                      mesh=mesh[0] if mesh else None, draft_vocab=k,
-                                     kv_cache=kv_cache, verify_steps=verify_steps)
+                                     kv_cache=kv_cache, verify_steps=verify_steps,
+                                     draft_branches=draft_branches)
     if mesh and "bytes" in report:         # XLA's bytes are one chip's: so is the floor
       report["bytes"] = step_bytes.per_chip(
           report["bytes"], report["param_gib_per_chip"] / report["param_gib"],
@@ -155,6 +159,7 @@ def decode_rows(entry: str, models=DECODE_MODELS, explain: bool = False, fill: i
                  "kv_cache": kv_cache,
                  "draft_vocab": k, "micro_layers": cfg.num_micro_layers,
                  "verify_steps": (verify_steps or cfg.max_steps) if model == "verify" else None,
+                 "draft_branches": draft_branches if model == "verify" else None,
                  "batch": int(batch), "slots": int(slots), **report,
                  "step_ms_at_hbm_bw": report.get("bytes_accessed", 0.0)
                  / (aot.HBM_GBPS[chip] * 1e9) * 1e3,
@@ -185,6 +190,7 @@ def table(rows) -> str:
     int8 = f" {r['quantize']}" if r.get("quantize", "none") != "none" else ""
     int8 += f" draft vocab {r['draft_vocab']}" if r.get("draft_vocab") else ""
     int8 += f" kv {r['kv_cache']}" if r.get("kv_cache", "model") != "model" else ""
+    int8 += f" {r['draft_branches']} chains" if (r.get("draft_branches") or 1) > 1 else ""
     what = (f"train {r['entry']}" if r["kind"] == "train" else
             f"decode {r['model']}{int8} {r['entry']}")
     if not r["fits"]:
@@ -223,6 +229,9 @@ def main(argv=None):
   p.add_argument("--verify_steps", type=int, default=None,
                  help="decode: verified decoding's inputs per row and forward (drafts + 1; "
                       "default: the preset's max_steps)")
+  p.add_argument("--draft_branches", type=int, default=1,
+                 help="decode: verified decoding checks a tree of this many draft chains "
+                      "(decode/draft_tree.py; default 1: one chain)")
   p.add_argument("--micro_layers", type=int, default=None,
                  help="decode: the micro decoder's layers (default: the preset's)")
   args = p.parse_args(argv)
@@ -230,6 +239,8 @@ def main(argv=None):
     p.error(f"--verify_steps must be in 2..16, got {args.verify_steps}.")
   if args.verify_steps is not None and args.explain:
     p.error("--verify_steps: the byte attribution (--explain) reads the preset's depth only.")
+  if not 1 <= args.draft_branches <= 8:
+    p.error(f"--draft_branches must be in 1..8, got {args.draft_branches}.")
   if args.micro_layers is not None and args.micro_layers < 1:
     p.error(f"--micro_layers must be >= 1, got {args.micro_layers}.")
   if args.draft_vocab < 0:
@@ -249,7 +260,7 @@ def main(argv=None):
   for entry in (e for e in args.decode if e != "none"):
     for row in decode_rows(entry, args.models, args.explain, args.fill, args.quantize,
                            args.draft_vocab, args.micro_layers, args.kv_cache,
-                           args.verify_steps):
+                           args.verify_steps, args.draft_branches):
       add(row)
   for entry in (e for e in args.train if e != "none"):
     add(train_row(entry))

@@ -31,6 +31,7 @@ from hamburger_jax.decode import mesh as mesh_lib
 from hamburger_jax.decode import slots
 from hamburger_jax.decode import state as ds
 from hamburger_jax.decode.compile_cache import Executables, next_pow2
+from hamburger_jax.decode.draft_tree import check_branches, forward_inputs
 from hamburger_jax.decode.models import engine_model, prompt_scorer
 from hamburger_jax.decode.prompts import check_seed
 from hamburger_jax.decode.sampler import (DecodeInputError, check_confidence, check_ids,
@@ -111,6 +112,7 @@ class ContinuousBatcher:
   verify_steps: its tokens per forward at most (`models.verify_depth`); None: max_steps.
   draft_width_rule: verified steps send only the drafts worth their width (`draft_width`; None:
   off).
+  draft_branches: verified steps check a tree of this many draft chains (`draft_tree`); 1: one.
   mesh: a jax Mesh to decode on (`decode/mesh.py`: params, KV buffers and slots sharded).
   kv_cache: what the KV buffers store, "model" or "int8" (`model/kv_cache.py`).
   """
@@ -121,17 +123,23 @@ class ContinuousBatcher:
                compact_micro_steps: bool | None = None,
                skip_unmerged: bool | None = None, draft_vocab=None, verify: bool = False,
                mesh=None, draft_width_rule: bool | None = None, kv_cache: str = "model",
-               verify_steps: int | None = None):
+               verify_steps: int | None = None,
+               draft_branches: int = 1):
     for name, value in (("num_slots", num_slots), ("cache_length", cache_length),
                         ("chunk_steps", chunk_steps)):
       if value < 1:
         raise DecodeInputError(f"{name} must be >= 1, got {value}.")
     model, params = engine_model(cfg, params, base, draft_vocab, verify, verify_steps)
     check_kv_cache(kv_cache, model.llama)
-    spare = model.max_steps - 1 if verify else 0      # a verify forward writes S slots
+    try:
+      check_branches(draft_branches, verify, draft_width_rule)
+    except ValueError as e:
+      raise DecodeInputError(str(e)) from None
+    # a verified forward reads its inputs at consecutive slots past the row's last
+    spare = forward_inputs(model.max_steps, draft_branches) - 1 if verify else 0
     self.engine = lp.DecodeEngine(model, cache_length + spare, chunk_steps * model.max_steps,
                                   compact_micro_steps, skip_unmerged, verify, mesh,
-                                  draft_width_rule, kv_cache)
+                                  draft_width_rule, kv_cache, draft_branches)
     self.params = mesh_lib.place_params(mesh, model, params)
     self.scorer = prompt_scorer(model, self.params, cache_length)   # prompts' log-probs
     self.eos_ids = tuple(int(e) for e in eos_ids) or tuple(model.llama.eos_token_ids)

@@ -90,6 +90,17 @@ def check_verify_steps(steps: int, verify: bool) -> None:
                      "--verify_steps.")
 
 
+def check_draft_branches(branches: int, verify: bool) -> None:
+  """UsageError unless --draft_branches is 1, or in 2..MAX_BRANCHES with verified decoding on."""
+  from hamburger_jax.decode.draft_tree import MAX_BRANCHES
+  if not 1 <= branches <= MAX_BRANCHES:
+    raise UsageError(f"--draft_branches must be in 1..{MAX_BRANCHES} (1: one chain of drafts), "
+                     f"got {branches}.")
+  if branches > 1 and not verify:
+    raise UsageError("--draft_branches drafts a tree for verified decoding: add --verify or drop "
+                     "--draft_branches.")
+
+
 def apply_quantize(params, cfg, mode: str | None):
   """`quantize_lib.apply_mode`, its QuantizeError (e.g. a group size G that does not divide a
   weight's input width) as a UsageError."""

@@ -21,9 +21,9 @@ from typing import Sequence, TextIO
 from hamburger_jax.convert import CheckpointError
 from hamburger_jax.decode import prompts as prompts_lib
 from hamburger_jax.decode import verify
-from hamburger_jax.decode.checkpoint import (Decodable, check_checkpoint, check_kv_cache,
-                                             check_quantize, check_verify_steps, open_checkpoint,
-                                             resolve_knobs)
+from hamburger_jax.decode.checkpoint import (Decodable, check_checkpoint, check_draft_branches,
+                                             check_kv_cache, check_quantize, check_verify_steps,
+                                             open_checkpoint, resolve_knobs)
 from hamburger_jax.decode.chunks import decode_chunks
 from hamburger_jax.decode.evaluation import base_comparison
 from hamburger_jax.decode.memory import check_buffer_memory, device_memory
@@ -77,6 +77,7 @@ class DecodeArgs:
   compare_base: bool = False        # also decode with the base alone; print both and the ratios
   verify: bool = False              # verified decoding: the base checks the drafts (its answer)
   verify_steps: int = 0             # --verify: tokens per forward at most (0: the drafter's)
+  draft_branches: int = 1           # --verify: chains of drafts checked as one tree
   quantize: str = "none"            # "int8": per-channel scales; "int8:G": per group of G inputs
   mesh: str = ""                    # "data=2,tensor=4": one model over a device mesh ("" = one)
   kv_cache: str = "model"           # what the KV buffers store: the model's dtype or "int8"
@@ -124,6 +125,7 @@ def check_flag_pairs(a: DecodeArgs) -> None:
     raise UsageError("--verify checks HAMburger's drafts with the base; --base has no drafts: "
                      "give one of them.")
   check_verify_steps(a.verify_steps, a.verify)
+  check_draft_branches(a.draft_branches, a.verify)
   if a.compare_base and a.base:
     raise UsageError("--compare_base decodes with the base alone beside HAMburger; with --base "
                      "both runs would be the base: drop --base or --compare_base.")
@@ -218,7 +220,8 @@ def _samplers(a: DecodeArgs, d: Decodable, prompts):
   sampler = Sampler(d.config, d.params, base=d.base_only, cache_length=cache_length,
                     out_length=out_length, eos_ids=d.eos_ids, draft_vocab=d.draft_vocab,
                     verify=a.verify, mesh=mesh, kv_cache=a.kv_cache,
-                    verify_steps=(a.verify_steps or d.verify_steps) if a.verify else None)
+                    verify_steps=(a.verify_steps or d.verify_steps) if a.verify else None,
+                    draft_branches=a.draft_branches)
   sampler.check_prompts(prompts)
   knobs = dict(max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_k=a.top_k,
                top_p=a.top_p, seed=a.seed,
@@ -324,6 +327,10 @@ _HELP = {
     "verify_steps": "--verify: the tokens a forward commits at most (drafts + 1), 2..16 (0: what "
                     "the checkpoint's verification drafter was trained for, else the model's "
                     "max_steps)",
+    "draft_branches": "--verify: draft this many chains after each forward, the c-th from the "
+                      "c-th most probable first draft, and check them all in the next forward "
+                      "as one tree (greedy rows; 1 + c x (steps - 1) inputs a row): more tokens "
+                      "per forward where a wider forward costs little (accelerators)",
     "quantize": "weights the decode loop reads: 'none' (as stored), 'int8' (int8 with "
                 "per-output-channel scales, quantized once at load: half the weight bytes of "
                 "bfloat16 per step) or 'int8:G' (a scale per group of G inputs, e.g. int8:64; G "

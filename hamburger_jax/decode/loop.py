@@ -54,6 +54,9 @@ class DecodeEngine:
   draft_width_rule: bool | None = None
   # What the KV buffers store (`model/kv_cache.py`): "model" (its dtype) or "int8".
   kv_cache: str = "model"
+  # Verified decoding drafts this many chains, a draft tree checked in one forward
+  # (`decode/draft_tree.py`); 1: one chain.
+  draft_branches: int = 1
 
   @property
   def max_steps(self) -> int:
@@ -167,7 +170,7 @@ def prefill(engine: DecodeEngine, params, prefix, last_tokens, lengths, done, rn
                                   jnp.zeros((b,), jnp.int32), skips_unmerged(engine))
   state = ds.init_state(cache, last_tokens, lengths, done, rng, knobs, policy, engine.max_steps,
                         engine.out_length)
-  return verify.init_extras(state, llama.hidden_size) if engine.verify else state
+  return verify.init_extras(state, engine) if engine.verify else state
 
 
 def loop(engine: DecodeEngine, params, state: ds.DecodeState, step_limit,

@@ -58,7 +58,7 @@ class Group:
 
 
 def pick(engine, params, hidden, j, keys, knobs: ds.DecodeKnobs, budget,
-          draft: bool = False) -> Pick:
+          draft: bool = False, rank=None) -> Pick:
   """Micro step j on hidden [B, D]: sample a token, decide whether it is kept and the group goes on.
 
   Step 0's token (the base model's own prediction) is always kept. A drafted token (step j >= 1)
@@ -68,7 +68,9 @@ def pick(engine, params, hidden, j, keys, knobs: ds.DecodeKnobs, budget,
   macro step; 0 = the stop head alone).
   keys [B, 2]: the rows' keys of this macro step. draft: j >= 1 (a model with a draft
   vocabulary then samples from its K tokens, the probability normalised as over the whole
-  vocabulary, estimated; `hamburger_jax.decode.draft_vocab`).
+  vocabulary, estimated; `hamburger_jax.decode.draft_vocab`). rank: (ranks [B] i32, k) or None: a
+  row with rank r > 0 takes its r-th most probable token instead (a draft tree's other chains,
+  greedy rows only).
   """
   ids = rest = None
   if draft and engine.model.draft_size:
@@ -77,6 +79,11 @@ def pick(engine, params, hidden, j, keys, knobs: ds.DecodeKnobs, budget,
   else:
     logits, stop = engine.model.heads(params, hidden)
   choice = sample_tokens(logits, jax.vmap(jax.random.fold_in, (0, None))(keys, j), knobs.sampling)
+  if rank is not None:
+    ranks, k = rank
+    ranked = jax.lax.top_k(logits, k)[1].astype(choice.dtype)
+    choice = jnp.where(ranks > 0, jnp.take_along_axis(ranked, ranks[:, None], axis=1)[:, 0],
+                       choice)
   logprob = token_log_probs(logits if rest is None else jnp.concatenate([logits, rest], axis=-1),
                             choice)
   logit = jnp.take_along_axis(logits, choice[:, None], axis=-1)[:, 0]

@@ -68,10 +68,11 @@ class HamburgerDecodeModel:
                       method=HamburgerModel.base_forward)
     return out.features, out.cache
 
-  def forward_unmerged(self, params, tokens, positions, cache, slots):
+  def forward_unmerged(self, params, tokens, positions, cache, slots, block_mask=None):
     """tokens [B, T], one slot and position each -> (features [B, T, F, D], the new KV entries
-    per layer, [B, T, ..] per buffer); the cache is read, not written (`write_entries`)."""
-    out = self._apply(params, tokens, positions, cache, slots,
+    per layer, [B, T, ..] per buffer); the cache is read, not written (`write_entries`).
+    block_mask [T, T] bool: the inputs are a draft tree (query t sees input u iff [t, u])."""
+    out = self._apply(params, tokens, positions, cache, slots, block_mask,
                       method=HamburgerModel.unmerged_forward,
                       execution=Execution(cache_write="returned"))
     return out.features, out.cache

@@ -24,6 +24,7 @@ from hamburger_jax.decode import mesh as mesh_lib
 from hamburger_jax.decode import prompts as prompts_lib
 from hamburger_jax.decode import state as ds
 from hamburger_jax.decode.compile_cache import Executables, next_pow2
+from hamburger_jax.decode.draft_tree import check_branches, forward_inputs
 from hamburger_jax.decode.prompts import DecodeInputError
 from hamburger_jax.decode.loop import TRACE_COUNTS, continue_probability  # noqa: F401
 from hamburger_jax.decode.models import engine_model
@@ -55,6 +56,9 @@ class Sampler:
   `models.verify_depth`); None: the model's max_steps.
   draft_width_rule: a verified step sends only the drafts worth its forward width's cost
   (`decode/draft_width.py`); None: off.
+  draft_branches: verified decoding drafts this many chains after each committed token, the
+  c-th from the c-th most probable first draft, and the base checks them as one tree
+  (`decode/draft_tree.py`; greedy rows; a forward of 1 + c (S - 1) inputs); 1: one chain.
   mesh: a jax Mesh (`decode.mesh.make_decode_mesh`) to decode on, params and KV buffers sharded
   (`decode/mesh.py`); None: one device.
   quantize: "int8" decodes with int8 weights (`model/quantize.py`, quantized once here; params
@@ -70,7 +74,8 @@ class Sampler:
                compact_micro_steps: bool | None = None,
                skip_unmerged: bool | None = None, draft_vocab=None, verify: bool = False,
                mesh=None, quantize: str | None = None, draft_width_rule: bool | None = None,
-               kv_cache: str = "model", verify_steps: int | None = None):
+               kv_cache: str = "model", verify_steps: int | None = None,
+               draft_branches: int = 1):
     model, params = engine_model(cfg, params, base, draft_vocab, verify, verify_steps)
     check_kv_cache(kv_cache, model.llama)
     try:
@@ -79,10 +84,14 @@ class Sampler:
       raise DecodeInputError(str(e)) from None
     if cache_length < 1:
       raise DecodeInputError(f"cache_length must be >= 1, got {cache_length}.")
-    spare = model.max_steps - 1 if verify else 0
+    try:
+      check_branches(draft_branches, verify, draft_width_rule)
+    except ValueError as e:
+      raise DecodeInputError(str(e)) from None
+    spare = forward_inputs(model.max_steps, draft_branches) - 1 if verify else 0
     self.engine = lp.DecodeEngine(model, cache_length + spare, out_length or cache_length,
                                   compact_micro_steps, skip_unmerged, verify, mesh,
-                                  draft_width_rule, kv_cache)
+                                  draft_width_rule, kv_cache, draft_branches)
     self.max_prompt_len = cache_length
     llama = model.llama
     self.eos_ids = llama.eos_token_ids if eos_ids is None else tuple(int(e) for e in eos_ids)

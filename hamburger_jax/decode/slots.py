@@ -35,7 +35,7 @@ def empty_state(engine: lp.DecodeEngine, num_slots: int, policy: ds.MicroPolicy)
   keys = jnp.zeros((num_slots, 2), jnp.uint32)
   state = ds.init_state(cache, rows * 0, rows, jnp.ones((num_slots,), bool), keys, knobs, policy,
                         engine.max_steps, engine.out_length)
-  return verify.init_extras(state, llama.hidden_size) if engine.verify else state
+  return verify.init_extras(state, engine) if engine.verify else state
 
 
 def admit(engine: lp.DecodeEngine, params, state: ds.DecodeState, slot, prefix, last, length,

@@ -123,6 +123,10 @@ class DecodeState:
   draft_hidden: Any = None
   draft_counts: Any = None
   draft_accept: Any = None
+  # A draft tree's other chains (`draft_tree`; engine.draft_branches k > 1): [B, k - 1, S] i32
+  # (x, then the chain's drafts) and their lengths [B, k - 1].
+  branch_tokens: Any = None
+  branch_len: Any = None
 
 
 def init_state(cache, last_tokens, prompt_lengths, done, rng, knobs: DecodeKnobs,

@@ -6,7 +6,10 @@ accepts the longest prefix of drafts the base agrees with, commits those drafts 
 the base's own, and drafts the next group from the features at the last accepted position. The
 committed tokens are the base's own: its greedy tokens exactly, or (sampling) distributed as its
 samples (Leviathan et al. 2023, Chen et al. 2023). Rejected drafts' KV slots are overwritten by
-the next forward, which starts at the slot after the last committed token.
+the next forward, which starts at the slot after the last committed token. With
+engine.draft_branches c > 1 the micro decoder drafts c chains and the base checks them as one
+tree (`draft_tree`: 1 + c (S - 1) inputs, each seeing its ancestors), committing the deepest
+accepted path.
 
 The loop state is `DecodeState` with these meanings:
   group_tokens [B, S]  the pending input [x, d1, .., dk], zero-padded; group_len [B] = 1 + k
@@ -17,6 +20,7 @@ The loop state is `DecodeState` with these meanings:
                        accepted), drafts accepted
   draft_accept [B, S]  the stop head's estimate that draft j is accepted given drafts < j (with
                        `draft_width_rule` a step sends only the drafts worth their width)
+  branch_tokens [B, c-1, S], branch_len [B, c-1]  a draft tree's other chains (c > 1)
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from hamburger_jax.decode import draft_width, micro
+from hamburger_jax.decode.draft_tree import DraftTree, forward_inputs, take_entries, take_path
 from hamburger_jax.decode import state as ds
 from hamburger_jax.decode.models import write_entries
 from hamburger_jax.decode.sampling import filter_logits
@@ -40,12 +45,17 @@ _ACCEPT_FOLD = 1 << 20      # key folds of the acceptance draws and of the bonus
 _RESIDUAL_FOLD = (1 << 20) + 1
 
 
-def init_extras(state: ds.DecodeState, hidden_size: int) -> ds.DecodeState:
+def init_extras(state: ds.DecodeState, engine) -> ds.DecodeState:
   """The verify-mode fields of a freshly prefilled state (no drafts pending)."""
   b, s = state.group_tokens.shape
-  return state.replace(draft_hidden=jnp.zeros((b, s, hidden_size), jnp.float32),
-                       draft_counts=jnp.zeros((b, 2, s), jnp.int32),
-                       draft_accept=jnp.ones((b, s), jnp.float32))
+  k = engine.draft_branches
+  state = state.replace(
+      draft_hidden=jnp.zeros((b, s, engine.model.llama.hidden_size), jnp.float32),
+      draft_counts=jnp.zeros((b, 2, s), jnp.int32), draft_accept=jnp.ones((b, s), jnp.float32))
+  if k == 1:
+    return state
+  return state.replace(branch_tokens=jnp.zeros((b, k - 1, s), jnp.int32),
+                       branch_len=jnp.ones((b, k - 1), jnp.int32))
 
 
 # --- distributions ---------------------------------------------------------------------------------
@@ -134,16 +144,19 @@ def draft_after(engine, params, feats, first, st: ds.DecodeState, keys, running)
   """Drafts the tokens after `first` [B] (committed: the base's token predicted from feats
   [B, F, D]) -> (pending [B, S] = [first, d1..dk], 1 + k [B], micro outputs [B, S, D], each
   draft's acceptance estimate given the ones before [B, S]: the stop head's continue-probability
-  before it).
+  before it; with engine.draft_branches c > 1 also the other chains [B, c - 1, S] and their
+  lengths [B, c - 1], else None, None).
 
   The micro decoder runs with `first` as its step-0 token (its prefill over the features and
   draft 1 in one pass, then one pass per further draft). A row drafts on while the stop head's
   continue-probability is >= its confidence (and within max_group and its token budget, up to an
   EOS / stop id), as a merged group would grow. Greedy rows drop a draft below min_token_prob (and
   end there); sampling rows propose every draft they draw, so that each is drawn from the
-  distribution the acceptance rule divides by.
+  distribution the acceptance rule divides by. A draft tree's chain c > 0 starts from the c-th
+  most probable first draft (greedy rows only; `draft_tree`): the micro decoder then runs on
+  c x B rows, chain-major.
   """
-  model, s = engine.model, engine.max_steps
+  model, s, c = engine.model, engine.max_steps, engine.draft_branches
   b = first.shape[0]
   knobs = st.knobs
   knobs = knobs.replace(min_token_prob=jnp.where(knobs.sampling.temperature > 0.0, 0.0,
@@ -155,14 +168,21 @@ def draft_after(engine, params, feats, first, st: ds.DecodeState, keys, running)
   first_accept = micro.continue_probability(model.stop_logits(params, feats[:, -1]))
   go_on = (running & (first_accept >= knobs.confidence)
            & (knobs.min_token_prob < 1.0) & (1 < cap) & (1 < budget) & ~is_end)
-  tokens = jnp.zeros((b, s), jnp.int32).at[:, 0].set(first)
-  hidden = jnp.zeros((b, s, model.llama.hidden_size), jnp.float32)
-  accept = jnp.ones((b, s), jnp.float32).at[:, 1].set(first_accept)
-  length = jnp.ones((b,), jnp.int32)
+  tile = lambda x: x if c == 1 else jnp.concatenate([x] * c, axis=0)
+  rank = None
+  if c > 1:
+    rank = (jnp.repeat(jnp.arange(c, dtype=jnp.int32), b), c)
+    go_on = tile(go_on) & ((rank[0] == 0) | tile(knobs.sampling.temperature <= 0.0))
+    knobs, budget, keys = jax.tree_util.tree_map(tile, (knobs, budget, keys))
+  r = b * c
+  tokens = jnp.zeros((r, s), jnp.int32).at[:, 0].set(tile(first))
+  hidden = jnp.zeros((r, s, model.llama.hidden_size), jnp.float32)
+  accept = jnp.ones((r, s), jnp.float32).at[:, 1].set(tile(first_accept))
+  length = jnp.ones((r,), jnp.int32)
 
-  def keep(j, out, active, drafted):
+  def keep(j, out, active, drafted, rank=None):
     tokens, hidden, accept, length = drafted
-    p = micro.pick(engine, params, out, j, keys, knobs, budget, draft=True)
+    p = micro.pick(engine, params, out, j, keys, knobs, budget, draft=True, rank=rank)
     take = active & p.keep
     tokens = tokens.at[:, j].set(jnp.where(take, p.token, tokens[:, j]))
     hidden = hidden.at[:, j].set(jnp.where(take[:, None], out.astype(jnp.float32), hidden[:, j]))
@@ -177,13 +197,17 @@ def draft_after(engine, params, feats, first, st: ds.DecodeState, keys, running)
 
   def drafts(drafted):
     out, cache = model.micro_prefill_step(params, feats, first)       # draft 1 in the same pass
-    active, prev, drafted = keep(1, out, go_on, drafted)
+    out, cache = jax.tree_util.tree_map(tile, (out, cache))
+    active, prev, drafted = keep(1, out, go_on, drafted, rank)
     carry = (jnp.int32(2), active, prev, cache, drafted)
     return jax.lax.while_loop(lambda c: (c[0] < s) & jnp.any(c[1]), body, carry)[4]
 
   drafted = (tokens, hidden, accept, length)
   tokens, hidden, accept, length = jax.lax.cond(jnp.any(go_on), drafts, lambda d: d, drafted)
-  return tokens, length, hidden, accept
+  if c == 1:
+    return tokens, length, hidden, accept, None, None
+  others = lambda x: x[b:].reshape((c - 1, b) + x.shape[1:]).swapaxes(0, 1)
+  return (tokens[:b], length[:b], hidden[:b], accept[:b], others(tokens), others(length))
 
 
 # --- one verified step ---------------------------------------------------------------------------
@@ -222,14 +246,51 @@ def _check_width(engine, params, width: int, st: ds.DecodeState, pending, num_dr
     return accept_sampled(p, q, pending, num_drafts, keys)
 
   accepted, nxt, flags = jax.lax.cond(jnp.all(sampling.temperature <= 0.0), greedy, sampled)
+  pad = lambda x: jnp.pad(x, [(0, 0), (0, s - width)] + [(0, 0)] * (x.ndim - 2))
+  feats = features[jnp.arange(b), accepted]
+  return (feats, jax.tree_util.tree_map(pad, entries), accepted, nxt, pad(flags),
+          *map(pad, _outputs(logits, pending, accepted, nxt)))
+
+
+def _outputs(logits, pending, accepted, nxt):
+  """The committed tokens [B, W] of a chain's inputs pending [B, W] and the base's logits after
+  them [B, W, V] -> (tokens, their log-probs, their logits), each [B, W]."""
   tokens = _committed(pending, accepted, nxt)
   logp = jax.nn.log_softmax(logits, axis=-1)
   tok_logprob = jnp.take_along_axis(logp, tokens[..., None], axis=2)[..., 0]
   tok_logit = jnp.take_along_axis(logits, tokens[..., None], axis=2)[..., 0]
-  pad = lambda x: jnp.pad(x, [(0, 0), (0, s - width)] + [(0, 0)] * (x.ndim - 2))
-  feats = features[jnp.arange(b), accepted]
-  return (feats, jax.tree_util.tree_map(pad, entries), accepted, nxt, pad(flags), pad(tokens),
-          pad(tok_logprob), pad(tok_logit))
+  return tokens, tok_logprob, tok_logit
+
+
+def _check_tree(engine, params, tree: DraftTree, nodes, proposed, st: ds.DecodeState, pending,
+                num_drafts, active, keys):
+  """`_check_width` for a draft tree: the base forward of its N nodes [B, N] (proposed [B, N])
+  at once, each seeing its ancestors; greedy rows commit the deepest accepted path, sampled
+  rows check chain 0 (`pending`, num_drafts [B]) by the Leviathan/Chen rule. The outputs are
+  those of a chain along the committed path."""
+  model, s = engine.model, engine.max_steps
+  b = nodes.shape[0]
+  positions = st.position[:, None] + jnp.asarray(tree.depth)[None, :]
+  features, entries = model.forward_unmerged(params, nodes, positions, st.cache,
+                                             jnp.where(active, st.slot, 0), tree.mask)
+  logits = model.heads(params, features[:, :, -1].reshape(b * tree.size, -1))[0]
+  logits = logits.reshape(b, tree.size, -1).astype(jnp.float32)
+  sampling = st.knobs.sampling
+  chain = jnp.asarray(tree.chain_path(0))
+
+  def sampled():
+    p = _per_position(processed_probs, logits[:, chain], sampling)
+    q = draft_probs(model, params, st.draft_hidden, sampling)
+    accepted, nxt, _ = accept_sampled(p, q, pending, num_drafts, keys)
+    return chain[accepted], accepted, nxt
+
+  greedy = lambda: tree.accept_greedy(logits, nodes, proposed)
+  best, accepted, nxt = jax.lax.cond(jnp.all(sampling.temperature <= 0.0), greedy, sampled)
+  path = tree.path(best)
+  flags = jnp.arange(1, s)[None, :] <= accepted[:, None]
+  feats = features[jnp.arange(b), best]
+  return (feats, take_entries(entries, path), accepted, nxt, flags,
+          *_outputs(take_path(logits, path), take_path(nodes, path), accepted, nxt))
 
 
 def _committed(pending, accepted, nxt):
@@ -264,13 +325,25 @@ def verify_step(engine, params, st: ds.DecodeState) -> ds.DecodeState:
   b = st.group_tokens.shape[0]
   active = ~st.done
   pending, num_drafts = st.group_tokens, jnp.where(active, st.group_len - 1, 0)
-  widths = forward_widths(s)
-  if draft_width.enabled(engine):
-    num_drafts = draft_width.choose(num_drafts, st.draft_accept, active, widths,
-                                    draft_width.costs(b, widths))
-  width = jnp.sum(jnp.asarray(widths) < 1 + jnp.max(num_drafts))   # the smallest that holds all
   keys = jax.vmap(jax.random.fold_in)(st.rng, st.macro_steps)
-  branches = [functools.partial(_check_width, engine, params, w) for w in widths]
+  if engine.draft_branches > 1:    # x alone at width 1, else the whole tree
+    tree = DraftTree(engine.draft_branches, s)
+    lengths = jnp.concatenate([st.group_len[:, None], st.branch_len], axis=1)
+    lengths = jnp.where(active[:, None], lengths, 1)
+    nodes, proposed = tree.inputs(
+        jnp.concatenate([st.group_tokens[:, None], st.branch_tokens], axis=1), lengths)
+    branches = [functools.partial(_check_width, engine, params, 1),
+                functools.partial(_check_tree, engine, params, tree, nodes, proposed)]
+    width = (jnp.max(lengths) > 1).astype(jnp.int32)
+    reach = jnp.max(lengths, axis=1) - 1              # the deepest draft any chain proposed
+  else:
+    widths = forward_widths(s)
+    if draft_width.enabled(engine):
+      num_drafts = draft_width.choose(num_drafts, st.draft_accept, active, widths,
+                                      draft_width.costs(b, widths))
+    width = jnp.sum(jnp.asarray(widths) < 1 + jnp.max(num_drafts))   # the smallest that holds all
+    branches = [functools.partial(_check_width, engine, params, w) for w in widths]
+    reach = num_drafts
   feats, entries, accepted, nxt, flags, tokens, tok_logprob, tok_logit = jax.lax.switch(
       width, branches, st, pending, num_drafts, active, keys)
   cache = write_entries(st.cache, entries, jnp.where(active, st.slot, 0))
@@ -280,23 +353,26 @@ def verify_step(engine, params, st: ds.DecodeState) -> ds.DecodeState:
 
   num_out = st.num_out + length
   draft_st = st.replace(num_out=num_out)
-  next_tokens, next_len, hidden, accept = draft_after(engine, params, feats, nxt, draft_st, keys,
-                                                      active & ~hit_eos & ~hit_stop)
+  next_tokens, next_len, hidden, accept, other_tokens, other_len = draft_after(
+      engine, params, feats, nxt, draft_st, keys, active & ~hit_eos & ~hit_stop)
 
   write = lambda buf, values: ds.masked_set(buf, st.num_out - st.out_start, values, length)
   group_ids = jnp.broadcast_to(st.macro_steps[:, None], tokens.shape)
   hit_len = active & (num_out >= st.knobs.max_new_tokens)
   slot = st.slot + length
-  full = active & (slot + s > engine.cache_length)
+  full = active & (slot + forward_inputs(s, engine.draft_branches) > engine.cache_length)
   hit_eos, hit_stop = active & hit_eos, active & hit_stop
   reason = jnp.select([hit_eos, hit_stop, hit_len, full],
                       [ds.EOS, ds.STOP, ds.LENGTH, ds.BUFFER_FULL], ds.RUNNING)
   # Per draft index: reached (proposed, every earlier draft accepted) and accepted.
   earlier = jnp.concatenate([jnp.ones((b, 1), bool), flags[:, :-1]], axis=1)
-  reached = (jnp.arange(1, s)[None, :] <= num_drafts[:, None]) & earlier
+  reached = (jnp.arange(1, s)[None, :] <= reach[:, None]) & earlier
   counts = (st.draft_counts.at[:, 0, 1:].add(reached.astype(jnp.int32))
             .at[:, 1, 1:].add(flags.astype(jnp.int32)))
   keep = lambda new, old: jnp.where(active.reshape((b,) + (1,) * (new.ndim - 1)), new, old)
+  if other_tokens is not None:
+    st = st.replace(branch_tokens=keep(other_tokens, st.branch_tokens),
+                    branch_len=keep(other_len, st.branch_len))
   return st.replace(
       cache=cache, slot=slot, position=st.position + length,
       group_tokens=keep(next_tokens, st.group_tokens), group_len=keep(next_len, st.group_len),

@@ -28,13 +28,14 @@ class Attention(nn.Module):
 
   @nn.compact
   def __call__(self, x, positions, segment_ids=None, cache: LayerCache | None = None,
-               cache_slots=None) -> tuple[jax.Array, Any]:
+               cache_slots=None, block_mask=None) -> tuple[jax.Array, Any]:
     """x [B, T, D], positions [B, T].
 
     Without a cache: causal attention within equal `segment_ids` [B, T] (packed rows), by the
     execution's attention implementation. With a cache, the new keys and values are written at
     `cache_slots` [B] and each query sees the buffer's slots up to its own (`cached_attention`:
-    only the key blocks up to the highest such slot are read).
+    only the key blocks up to the highest such slot are read; block_mask [T, T]: the new entries
+    form a tree instead, `kv_attention`).
     Returns (out [B, T, D], new cache), or with the execution's cache_write "returned" (out,
     the new entries in the buffers' format, [B, T, ..] each) and the buffers untouched.
     """
@@ -53,11 +54,11 @@ class Attention(nn.Module):
     k = apply_rope(k, positions, inv_freq)
     if cache is not None and ex.cache_write == "returned":
       new = make_entries(cache, k, v)
-      out = cached_attention(q, cache, cache_slots, new=new)
+      out = cached_attention(q, cache, cache_slots, new=new, block_mask=block_mask)
       cache = new
     elif cache is not None:
       cache = write_entries(cache, make_entries(cache, k, v), cache_slots)
-      out = cached_attention(q, cache, cache_slots)
+      out = cached_attention(q, cache, cache_slots, block_mask=block_mask)
     else:
       if segment_ids is None:
         segment_ids = jnp.ones((b, t), jnp.int32)

@@ -86,11 +86,14 @@ class HamburgerModel(nn.Module):
                      return_logits=return_logits,
                      layer_hook=self.adapter_hook(group_lengths, skip_unmerged))
 
-  def unmerged_forward(self, tokens, positions, cache, cache_slots) -> LlamaOutput:
+  def unmerged_forward(self, tokens, positions, cache, cache_slots,
+                       block_mask=None) -> LlamaOutput:
     """The base over plain tokens [B, T] (no input merged: no embedder merge, no merge adapter),
-    one KV slot each; features [B, T, F, D] (verified decoding)."""
+    one KV slot each; features [B, T, F, D] (verified decoding). block_mask [T, T]: the inputs
+    are a draft tree (`LlamaModel.__call__`)."""
     return self.base(tokens, positions=positions, cache=cache, cache_slots=cache_slots,
-                     feature_layers=self.cfg.feature_layers, return_logits=False)
+                     feature_layers=self.cfg.feature_layers, return_logits=False,
+                     block_mask=block_mask)
 
   def heads(self, hidden, decoding: bool = False):
     """Micro outputs [..., D] -> (logits [..., V], stop logits [...]), both float32.

@@ -2,6 +2,7 @@
 
     out = cached_attention(q [B, T, N, H], layer, cache_slots [B])   # layer: {"k", "v", ..}
     out = cached_attention(.., new=entries)     # entries [B, T, ..] per buffer, not yet written
+    out = cached_attention(.., block_mask=m)    # m [T, T] bool: query t sees new entry u iff m[t, u]
 
 `layer` is one layer's buffers (`kv_cache`): k/v [B, L, K * H], or for int8 storage packed
 int8 values and their per-head scales [B, K, L] (blocks of them turned to [B, blk, K]), applied
@@ -13,7 +14,10 @@ slots <= cache_slots[b] + t. The keys are read in blocks of `block` slots by a l
 count is traced: blocks up to the highest slot any query sees, so a decode step costs what the
 filled part of the buffer costs, not its length L (one compile for every fill level). Online
 softmax in float32 across blocks; a block a row sees none of adds exactly zero to that row, so
-a row's numbers do not depend on the other rows' fill levels.
+a row's numbers do not depend on the other rows' fill levels. With `block_mask` the T new
+entries are a tree (verified decoding's draft tree, `decode/draft_tree.py`): query t sees the
+committed slots before cache_slots[b] and the new entries u with block_mask[t, u] (its
+ancestors and itself), not the causal prefix.
 """
 
 from __future__ import annotations
@@ -59,10 +63,10 @@ def _overlay(block_kv, idx, new, cache_slots):
   return jnp.where(inside[..., None], picked, block_kv)
 
 
-def cached_attention(q, layer, cache_slots, block: int = KV_BLOCK, new=None):
+def cached_attention(q, layer, cache_slots, block: int = KV_BLOCK, new=None, block_mask=None):
   """-> [B, T, N, H]; see the module docstring. new: entries [B, T, ..] for each of layer's
   buffers (`kv_cache.make_entries`), not in the buffers yet, read as if written at cache_slots
-  (same numbers)."""
+  (same numbers). block_mask: [T, T] bool or None (causal)."""
   b, t, n, h = q.shape
   length = layer["k"].shape[1]
   kv_heads = layer["k_scale"].shape[1] if "k_scale" in layer else layer["k"].shape[2] // h
@@ -76,6 +80,11 @@ def cached_attention(q, layer, cache_slots, block: int = KV_BLOCK, new=None):
     start = jnp.minimum(j * block, length - block)
     idx = start + jnp.arange(block, dtype=jnp.int32)
     visible = (idx[None, None, :] <= query_slot[:, :, None]) & (idx >= j * block)[None, None, :]
+    if block_mask is not None:
+      offset = idx[None, :] - cache_slots[:, None]                                  # [B, blk]
+      inside = (offset >= 0) & (offset < t)
+      sees = jnp.asarray(block_mask)[:, jnp.clip(offset, 0, t - 1)].transpose(1, 0, 2)
+      visible = visible & (~inside[:, None, :] | sees)
     blk = {name: jax.lax.dynamic_slice_in_dim(x, start, block, axis=slot_axis(name))
            for name, x in layer.items()}
     blk = {name: x.swapaxes(1, 2) if name in SCALES else x for name, x in blk.items()}

@@ -40,13 +40,14 @@ class DecoderLayer(nn.Module):
   execution: Execution = Execution()
 
   @nn.compact
-  def __call__(self, x, positions, segment_ids=None, cache=None, cache_slots=None):
+  def __call__(self, x, positions, segment_ids=None, cache=None, cache_slots=None,
+               block_mask=None):
     c = self.cfg
     norm = lambda name, x: checkpoint_name(
         RMSNorm(c.rms_norm_eps, c.jnp_dtype, c.jnp_param_dtype, name=name)(x), SUBLAYER_INPUT)
     x = pt.constrain(x, _RESIDUAL)
     h, cache = Attention(c, self.execution, name="self_attn")(
-        norm("input_layernorm", x), positions, segment_ids, cache, cache_slots)
+        norm("input_layernorm", x), positions, segment_ids, cache, cache_slots, block_mask)
     x = x + h
     x = x + SwiGLU(c, name="mlp")(norm("post_attention_layernorm", x))
     return pt.constrain(x, _RESIDUAL), cache
@@ -61,16 +62,17 @@ def make_layers(cfg: LlamaConfig, execution: Execution, num_layers: int) -> list
 
 
 def run_layers(layers: Sequence[DecoderLayer], x, positions, segment_ids, cache, cache_slots,
-               tap_layers: Sequence[int] = (), layer_hook=None):
+               tap_layers: Sequence[int] = (), layer_hook=None, block_mask=None):
   """Runs decoder layers in order; returns (x, taps of `tap_layers`, new cache or None).
 
   layer_hook(i, x_in, x_out) -> x_out, if given, rewrites each layer's output (merge adapter).
+  block_mask [T, T]: the cached inputs form a tree (`kv_attention.cached_attention`).
   """
   taps, new_cache = [], [] if cache is not None else None
   for i, layer in enumerate(layers):
     x_in = x
     x, layer_cache = layer(x, positions, segment_ids, None if cache is None else cache[i],
-                           cache_slots)
+                           cache_slots, block_mask)
     if layer_hook is not None:
       x = layer_hook(i, x_in, x)
     if cache is not None:
@@ -160,14 +162,15 @@ class LlamaModel(nn.Module):
 
   def __call__(self, tokens=None, *, embeddings=None, positions=None, segment_ids=None,
                cache=None, cache_slots=None, feature_layers: Sequence[int] = (),
-               return_logits: bool = True, layer_hook=None) -> LlamaOutput:
+               return_logits: bool = True, layer_hook=None, block_mask=None) -> LlamaOutput:
     """Forward over tokens [B, T] (or embeddings [B, T, D]).
 
     positions [B, T]: RoPE positions (default 0..T-1). Without a cache, attention is causal and
     limited to equal `segment_ids` [B, T] (packed rows). With a cache (a list of per-layer
     buffers), entries are written at slots `cache_slots[b] + t` and queries see every earlier slot.
     `layer_hook(i, x_in, x_out) -> x_out` rewrites each layer's output (it runs the layers
-    unrolled, also under `scan_layers`).
+    unrolled, also under `scan_layers`). block_mask [T, T] bool (with a cache): query t sees new
+    input u iff block_mask[t, u], instead of u <= t (a draft tree, `decode/draft_tree.py`).
     """
     if embeddings is None:
       if tokens is None:
@@ -187,7 +190,7 @@ class LlamaModel(nn.Module):
                             segment_ids, tuple(feature_layers))
     else:
       x, taps, cache = run_layers(self.layers, x, positions, segment_ids, cache, cache_slots,
-                                  tuple(feature_layers), layer_hook)
+                                  tuple(feature_layers), layer_hook, block_mask)
     hidden = self.norm(x)
     features = jnp.stack([*taps, hidden], axis=2) if feature_layers else None
     logits = self.logits(hidden) if return_logits else None

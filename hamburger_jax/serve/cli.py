@@ -22,8 +22,9 @@ import sys
 from typing import Sequence
 
 from hamburger_jax.convert import CheckpointError
-from hamburger_jax.decode.checkpoint import (apply_quantize, check_kv_cache, check_quantize,
-                                             check_verify_steps, checkpoint_dir, code_fence_ids,
+from hamburger_jax.decode.checkpoint import (apply_quantize, check_draft_branches,
+                                             check_kv_cache, check_quantize, check_verify_steps,
+                                             checkpoint_dir, code_fence_ids,
                                              load_verify_drafter, open_checkpoint, resolve_knobs,
                                              verify_drafter_steps)
 from hamburger_jax.decode.prompts import UsageError
@@ -94,6 +95,9 @@ class ServeArgs:
                               "every answer is the base model's own (greedy: token for token)")
   verify_steps: int = _flag(0, "verified decoding's tokens per forward at most (drafts + 1), "
                                "2..16; 0: what the verification drafter was trained for")
+  draft_branches: int = _flag(1, "verified decoding drafts this many chains and checks them as "
+                                 "one tree per forward (greedy requests; more tokens per forward "
+                                 "where wide forwards are cheap, e.g. accelerators)")
   verify_requests: bool = _flag(
       False, "run merged and verified decoding side by side, each request choosing with "
              "'verify': true|false (--verify: the default); one copy of the base weights, twice "
@@ -143,6 +147,7 @@ def check_args(a: ServeArgs) -> None:
     raise UsageError(f"{flag} checks HAMburger's drafts with the base; --base has no drafts: "
                      "give one of them.")
   check_verify_steps(a.verify_steps, a.verify or a.verify_requests)
+  check_draft_branches(a.draft_branches, a.verify or a.verify_requests)
   if not 0 <= a.temperature <= 2 or not (a.confidence is None or 0 < a.confidence <= 1):
     raise UsageError("--temperature must be in [0, 2] and --confidence in (0, 1].")
   if a.min_token_prob is not None and not 0 <= a.min_token_prob <= 1:
@@ -213,7 +218,8 @@ def mode_router(a: ServeArgs, d, make) -> engines.ModeRouter:
   merged = make(apply_quantize(d.params, d.config, a.quantize), verify=False)
   micro = apply_quantize({"micro_decoder": micro}, None, a.quantize)["micro_decoder"]
   verified = make({**merged.params, "micro_decoder": micro}, verify=True,
-                  verify_steps=a.verify_steps or verify_drafter_steps(checkpoint_dir(a.ckpt)))
+                  verify_steps=a.verify_steps or verify_drafter_steps(checkpoint_dir(a.ckpt)),
+                  draft_branches=a.draft_branches)
   if a.warmup:
     for engine in (merged, verified):
       warm_up(engine)
@@ -239,7 +245,8 @@ def build(a: ServeArgs) -> Service:
     engine = mode_router(a, d, make)
   else:
     engine = make(d.params, verify=a.verify,
-                  verify_steps=(a.verify_steps or d.verify_steps) if a.verify else None)
+                  verify_steps=(a.verify_steps or d.verify_steps) if a.verify else None,
+                  draft_branches=a.draft_branches if a.verify else 1)
     if a.warmup:
       warm_up(engine)
   return service_for(engine, d.config, d.tokenizer, dataclasses.replace(a, system=d.system),

@@ -144,7 +144,7 @@ def compile_decode_loop(cfg, device, batch: int, cache_length: int, prompt_len: 
                         base: bool = False, verify: bool = False, inspect=None,
                         quantize: str | None = None, mesh: str | None = None,
                         draft_vocab: int = 0, kv_cache: str = "model",
-                        verify_steps: int | None = None) -> dict:
+                        verify_steps: int | None = None, draft_branches: int = 1) -> dict:
   """AOT-compiles the decode loop (`decode.sampler`'s while_loop over macro steps) on one chip.
 
   cfg: a HamburgerConfig (its dtypes are the params' and the KV cache's); base=True decodes with
@@ -158,6 +158,7 @@ def compile_decode_loop(cfg, device, batch: int, cache_length: int, prompt_len: 
   for a real draft vocabulary, the bytes are the same); the base alone has no drafts.
   kv_cache: what the KV buffers store, "model" or "int8" (`model/kv_cache.py`).
   verify_steps: verified decoding's S (inputs per row and forward; None: cfg.max_steps).
+  draft_branches: verified decoding checks a tree of this many draft chains (`draft_tree`).
   """
   from hamburger_jax.decode import loop as lp, state as ds
   from hamburger_jax.decode.mesh import on_mesh
@@ -176,7 +177,7 @@ def compile_decode_loop(cfg, device, batch: int, cache_length: int, prompt_len: 
   params = jax.eval_shape(lambda p: apply_mode(p, model.llama, quantize), params)
   grid = decode_mesh(mesh, device, model)
   engine = lp.DecodeEngine(model, cache_length, cache_length, verify=verify, mesh=grid,
-                           kv_cache=kv_cache)
+                           kv_cache=kv_cache, draft_branches=draft_branches if verify else 1)
   knobs = ds.DecodeKnobs.make(batch, confidence=0.8, min_token_prob=0.0,
                               max_new_tokens=cache_length, max_group=engine.max_steps,
                               eos_ids=(), sampling=SamplingParams.greedy())

@@ -226,10 +226,12 @@ def _base_pair_probs(cfg, params, prompt, top_k):
 
 
 @pytest.mark.slow
-def test_verified_sampling_reproduces_the_base_distribution():
+@pytest.mark.parametrize("branches", [1, 2])
+def test_verified_sampling_reproduces_the_base_distribution(branches):
   """Chi-square goodness of fit of the first two tokens (the second one is a verified draft or
   the rule's residual draw) against the base's exact distribution, 4096 samples, p > 1e-3.
-  The same test rejects HAMburger's own (unverified) sampling, so it has the power to fail."""
+  The same test rejects HAMburger's own (unverified) sampling, so it has the power to fail.
+  With a draft tree (branches 2) sampled rows check its first chain."""
   cfg, params = drafting_model(0.6)
   prompt, top_k, n = [3, 9, 11], 3, 4096
   exact = _base_pair_probs(cfg, params, prompt, top_k)
@@ -249,7 +251,8 @@ def test_verified_sampling_reproduces_the_base_distribution():
     expected *= observed.sum() / expected.sum()
     return scipy_stats.chisquare(observed, expected).pvalue
 
-  verified = Sampler(cfg, params, cache_length=16, out_length=4, verify=True)
+  verified = Sampler(cfg, params, cache_length=16, out_length=4, verify=True,
+                     draft_branches=branches)
   merged = Sampler(cfg, params, cache_length=16, out_length=4)
   assert p_value(verified) > 1e-3
   assert p_value(merged, max_group=2) < 1e-6
