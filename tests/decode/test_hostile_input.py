@@ -199,6 +199,8 @@ def test_merge_results_sums_draft_counts():
     (dict(base=True, verify=True), ("--base", "--verify")),
     (dict(verify_steps=6), ("--verify_steps", "--verify")),
     (dict(verify=True, verify_steps=1), ("--verify_steps", "2..16")),
+    (dict(draft_branches=2), ("--draft_branches", "--verify")),
+    (dict(verify=True, draft_branches=9), ("--draft_branches", "1..8")),
     (dict(token_ids=True, chat=True), ("--token_ids", "--chat")),
     (dict(system="Be brief."), ("--system", "--chat")),
     (dict(token_ids=True, system="Be brief."), ("--system", "--token_ids")),

@@ -36,3 +36,6 @@ def test_the_flag_parses_and_base_with_verify_is_refused():
     check_args(parse_args(["--ckpt", "x", "--verify_steps", "6"]))
   with pytest.raises(UsageError, match="2..16"):
     check_args(parse_args(["--ckpt", "x", "--verify", "--verify_steps", "17"]))
+  assert parse_args(["--ckpt", "x", "--verify", "--draft_branches", "3"]).draft_branches == 3
+  with pytest.raises(UsageError, match="add --verify"):
+    check_args(parse_args(["--ckpt", "x", "--draft_branches", "2"]))
