@@ -22,7 +22,7 @@ answers at tiny sizes (CPU, ~1 minute per stage).
 On the GPU machine (no network; Python 3.12 with JAX, Flax, Optax and Orbax), in N calls:
 
 1. Here, once: `python -m hamburger_jax.recipes.smollm2 accelerate --pack runs/accelerate`
-   downloads the 13 wheels the machine lacks (the base among them: 89 MiB; 98 MiB in all) and
+   downloads the 14 wheels the machine lacks (the base among them: 89 MiB; 99 MiB in all) and
    splits them into runs/accelerate/carry/1..N, as few as keep each call under 64 MiB with the
    working tree (recipes.accelerate_pack, `--bundle_mib` to change; repack whenever the tree has
    changed). The whole checkout travels with each call: at 48 MiB of tracked files N = 7; on a

