@@ -1,9 +1,12 @@
 r"""`--engine floor`: the decode loop's time per iteration against its memory-bandwidth floor.
 
-On one GPU (H100 or H200, JAX with CUDA; about 4 minutes in all, no network):
+On one GPU (H100 or H200, JAX with CUDA; no network), one variant per command: on an H200 each
+variant's process spends ~2 minutes setting up the random 1B model (its init and the stop head's
+calibration compile) and ~1 minute on batch 1 and 8, so give each variant ~200 s:
 
-    python -m benchmarks.decode_speed --engine floor --preset llama3.2-1b --out $OUT/floor.json
-    python -m benchmarks.speed.step_floor --preset llama3.2-1b --out $OUT/floor.json   # the same
+    python -m benchmarks.speed.step_floor --preset llama3.2-1b --batch_sizes 1,8 \
+        --variants no_command_buffers --budget_s 200 --out $OUT/floor.json
+    python -m benchmarks.decode_speed --engine floor ...     # the same, through decode_speed
 
 (a machine without this project's other requirements takes them from the wheels that
 `python -m hamburger_jax.recipes.smollm2 accelerate --pack` stages: after that recipe's `--stage`
