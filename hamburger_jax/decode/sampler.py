@@ -62,8 +62,8 @@ class Sampler:
   mesh: a jax Mesh (`decode.mesh.make_decode_mesh`) to decode on, params and KV buffers sharded
   (`decode/mesh.py`); None: one device.
   quantize: "int8" decodes with int8 weights (`model/quantize.py`, quantized once here; params
-  quantized already are kept), "int8:G" with a scale per group of G inputs; None or "none": the
-  params as given.
+  quantized already are kept), "int8:G" with a scale per group of G inputs, "int8:Gz" with a
+  zero point per group too; None or "none": the params as given.
   kv_cache: what the KV buffers store: "model" (the model's dtype) or "int8" (int8 values with a
   float32 scale per head vector, `model/kv_cache.py`: ~0.53x the bytes of bfloat16).
   """

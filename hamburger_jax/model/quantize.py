@@ -23,6 +23,13 @@ contracted dimension. A Dense holds {"kernel": int8 [in, out], "kernel_scale": f
 row group by group, and the tied head sums per-group partial dots times the per-(row, group)
 scale (`grouped_logits`). G must divide every quantized tensor's contracted width.
 
+Zero points (mode "int8:Gz"): Dense kernels asymmetric per group, {"kernel": int8,
+"kernel_scale", "kernel_zero": float32 [in/G, out]}, w = q * scale + zero with the group's
+min..max in 256 levels; y = sum_g (x_g @ kernel_g) * scale[g] + sum(x_g) * zero[g]. Weights that
+came from a 4-bit format with a scale and a minimum per block (GGUF's Q4_1, blocks of 32 inputs:
+SmolLM2's shipped base) round-trip exactly at G = 32, since their 16 levels are 17 of these 256
+apart. The embedding keeps symmetric group scales (GGUF's Q8_0 blocks round-trip exactly too).
+
 Quantized: the base's and the micro decoder's q/k/v/o/gate/up/down kernels, the LM head (or the
 tied embedding). Left in float: norms, biases, the compositional embedder, the merge adapter, the
 stop head (small tensors, where the error would matter most per byte saved).
@@ -55,8 +62,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-MODES = ("none", "int8", "int8:G")
+MODES = ("none", "int8", "int8:G", "int8:Gz")
 KERNEL_SCALE = "kernel_scale"
+KERNEL_ZERO = "kernel_zero"
 EMBEDDING_SCALE = "embedding_scale"
 INT8_MAX = 127
 # Scales tried per channel, as fractions of absmax / 127: clipping a channel's few largest
@@ -67,7 +75,7 @@ CLIP_RATIOS = tuple(1.0 - 0.025 * i for i in range(13))          # 1.0, 0.975, .
 # Leaf paths ("/"-joined dict keys) that int8 decoding quantizes; every other leaf stays.
 _DENSE = re.compile(r"(^|/)(layers_\d+/(self_attn|mlp)/[a-z]+_proj|lm_head)/kernel$")
 _EMBEDDING = re.compile(r"(^|/)embed_tokens/embedding$")
-_GROUPED = re.compile(r"int8:([1-9][0-9]*)")
+_GROUPED = re.compile(r"int8:([1-9][0-9]*)(z?)")
 
 
 class QuantizeError(ValueError):
@@ -75,20 +83,36 @@ class QuantizeError(ValueError):
 
 
 def parse_mode(mode: str | None) -> str | None:
-  """"int8" or "int8:G" (G >= 1) -> the mode; None or "none" -> None; anything else:
+  """"int8", "int8:G" or "int8:Gz" (G >= 1) -> the mode; None or "none" -> None; anything else:
   QuantizeError (one line)."""
   if mode is None or mode == "none":
     return None
   if mode != "int8" and not (isinstance(mode, str) and _GROUPED.fullmatch(mode)):
     raise QuantizeError(f"quantize must be one of {', '.join(MODES)} (G: a group size along "
-                        f"the input width, e.g. int8:64), got {mode!r}.")
+                        f"the input width, e.g. int8:64; z: a zero point per group), got {mode!r}.")
   return mode
 
 
 def group_size(mode: str | None) -> int | None:
-  """The G of "int8:G"; None for "int8", "none" and None (QuantizeError for another mode)."""
+  """The G of "int8:G" / "int8:Gz"; None for "int8", "none" and None (QuantizeError for another
+  mode)."""
   match = _GROUPED.fullmatch(parse_mode(mode) or "")
   return int(match.group(1)) if match else None
+
+
+def has_zero(mode: str | None) -> bool:
+  """Whether `mode` ("int8:Gz") gives Dense kernels a zero point per group."""
+  match = _GROUPED.fullmatch(parse_mode(mode) or "")
+  return bool(match and match.group(2))
+
+
+def _min_max_zero(w, reduce: tuple[int, ...]):
+  """w float32 -> (q in -128..127 float32, scale, zero), w ~ q * scale + zero: the 256 levels
+  span each group's [min, max] (keepdims, as `_best_scale`)."""
+  lo, hi = jnp.min(w, axis=reduce, keepdims=True), jnp.max(w, axis=reduce, keepdims=True)
+  scale = jnp.where(hi > lo, (hi - lo) / 255.0, 1.0)
+  q = jnp.clip(jnp.round((w - lo) / scale), 0, 255) - 128.0
+  return q, scale, lo + 128.0 * scale
 
 
 def _best_scale(w, reduce: tuple[int, ...]):
@@ -109,13 +133,15 @@ def _best_scale(w, reduce: tuple[int, ...]):
   return best[1], best[2]
 
 
-def quantize_array(w, axis: int, group: int | None = None):
+def quantize_array(w, axis: int, group: int | None = None, zero: bool = False):
   """w [..] float -> (int8 [..] same shape, float32 scale): symmetric, chosen among CLIP_RATIOS x
   absmax / 127 for the least squared error.
 
   group None: one scale per index of `axis` (the output channel), over every other axis: scale
   [w.shape[axis]]. group G (w 2-D): one per output channel and group of G consecutive entries
   of the other (contracted) axis c: scale [in/G, out] for axis 1, [V, D/G] for axis 0.
+  zero (with a group): asymmetric, the group's min..max in 256 levels -> (int8, scale, zero
+  [like scale]), w ~ q * scale + zero.
   """
   w = jnp.asarray(w, jnp.float32)
   if group is None:
@@ -127,23 +153,31 @@ def quantize_array(w, axis: int, group: int | None = None):
     raise QuantizeError(f"int8:{group} needs a 2-D weight whose contracted width "
                         f"({w.shape[c] if w.ndim == 2 else w.shape}) G divides.")
   grouped = w.reshape(w.shape[:c] + (w.shape[c] // group, group) + w.shape[c + 1:])
+  if zero:
+    q, scale, low = _min_max_zero(grouped, (c + 1,))
+    return (q.reshape(w.shape).astype(jnp.int8), jnp.squeeze(scale, c + 1).astype(jnp.float32),
+            jnp.squeeze(low, c + 1).astype(jnp.float32))
   q, scale = _best_scale(grouped, (c + 1,))
   return q.reshape(w.shape).astype(jnp.int8), jnp.squeeze(scale, c + 1).astype(jnp.float32)
 
 
-_quantize_jit = jax.jit(quantize_array, static_argnums=(1, 2))   # once per shape, axis, group
+_quantize_jit = jax.jit(quantize_array, static_argnums=(1, 2, 3))   # once per shape, axis, mode
 
 
-def dequantize(q, scale, axis: int, dtype=jnp.float32):
-  """int8 q [..] and its scale -> q * scale in `dtype`. scale: [q.shape[axis]] (per channel)
-  or, q 2-D, grouped along the other axis ([in/G, out] for axis 1, [V, D/G] for axis 0)."""
+def dequantize(q, scale, axis: int, dtype=jnp.float32, zero=None):
+  """int8 q [..] and its scale (and zero, like scale) -> q * scale (+ zero) in `dtype`. scale:
+  [q.shape[axis]] (per channel) or, q 2-D, grouped along the other axis ([in/G, out] for axis
+  1, [V, D/G] for axis 0)."""
   if scale.ndim == 1:
     shape = [1] * q.ndim
     shape[axis] = -1
     return (q.astype(jnp.float32) * scale.reshape(shape)).astype(dtype)
   c = 1 - axis % 2
   full = jnp.repeat(scale, q.shape[c] // scale.shape[c], axis=c)
-  return (q.astype(jnp.float32) * full).astype(dtype)
+  out = q.astype(jnp.float32) * full
+  if zero is not None:
+    out = out + jnp.repeat(zero, q.shape[c] // zero.shape[c], axis=c)
+  return out.astype(dtype)
 
 
 def _targets(tree: dict, prefix: str = ""):
@@ -173,14 +207,16 @@ def check_group(params, group: int) -> None:
           f"{path} {list(shape)}; use a G that divides {common}, e.g. int8:{fit}.")
 
 
-def _quantize_dict(tree: dict, prefix: str, group: int | None) -> dict:
+def _quantize_dict(tree: dict, prefix: str, group: int | None, zero: bool = False) -> dict:
   out = {}
   for name, value in tree.items():
     path = f"{prefix}/{name}" if prefix else name
     if isinstance(value, dict):
-      out[name] = _quantize_dict(value, path, group)
+      out[name] = _quantize_dict(value, path, group, zero)
     elif getattr(value, "dtype", None) == jnp.int8:        # already quantized
       out[name] = value
+    elif _DENSE.search(path) and value.ndim == 2 and zero:
+      out[name], out[KERNEL_SCALE], out[KERNEL_ZERO] = _quantize_jit(value, 1, group, True)
     elif _DENSE.search(path) and value.ndim == 2:
       out[name], out[KERNEL_SCALE] = _quantize_jit(value, 1, group)
     elif _EMBEDDING.search(path) and value.ndim == 2:
@@ -190,12 +226,13 @@ def _quantize_dict(tree: dict, prefix: str, group: int | None) -> dict:
   return out
 
 
-def quantize_params(params, cfg=None, group: int | None = None) -> dict:
+def quantize_params(params, cfg=None, group: int | None = None, zero: bool = False) -> dict:
   """Float params of a HAMburger or Llama model -> the same tree with the decoding matrices int8
   plus their scales (see the module docstring); other leaves are the same arrays. Idempotent.
   group: None = per-channel scales, G = "int8:G" (QuantizeError, before any work, if G does not
-  divide a contracted width). cfg (HamburgerConfig or LlamaConfig), if given, checks the
-  embedding's shape."""
+  divide a contracted width); zero (with a group): Dense kernels asymmetric ("int8:Gz"; the
+  embedding keeps symmetric group scales). cfg (HamburgerConfig or LlamaConfig), if given, checks
+  the embedding's shape."""
   params = flax.core.unfreeze(params)
   if cfg is not None:
     llama = getattr(cfg, "base", cfg)
@@ -206,7 +243,7 @@ def quantize_params(params, cfg=None, group: int | None = None) -> dict:
                        f"{(llama.vocab_size, llama.hidden_size)}.")
   if group is not None:
     check_group(params, group)
-  return _quantize_dict(params, "", group)
+  return _quantize_dict(params, "", group, zero and group is not None)
 
 
 def apply_mode(params, cfg, mode: str | None):
@@ -214,7 +251,7 @@ def apply_mode(params, cfg, mode: str | None):
   QuantizeError for another mode (see `parse_mode`) or a G the widths refuse."""
   if parse_mode(mode) is None:
     return params
-  return quantize_params(params, cfg, group_size(mode))
+  return quantize_params(params, cfg, group_size(mode), has_zero(mode))
 
 
 def is_quantized(params) -> bool:
@@ -240,6 +277,9 @@ def head_rows(base_params, rows, tied: bool, dtype):
     table = jnp.take(jnp.asarray(head["kernel"]), rows, axis=1).T
     scale = head.get(KERNEL_SCALE)
     scale = None if scale is None else jnp.take(scale, rows, axis=-1).T       # [R] or [R, n]
+    zero = head.get(KERNEL_ZERO)
+    if zero is not None:
+      return dequantize(table, scale, axis=0, dtype=dtype, zero=jnp.take(zero, rows, axis=-1).T)
   if scale is None:
     return table.astype(dtype)
   return dequantize(table, scale, axis=0, dtype=dtype)
@@ -282,6 +322,9 @@ class Dense(nn.Dense):
       parts = jnp.einsum("...ng,ngo->...no", x.reshape(x.shape[:-1] + (n, -1)),
                          kernel.astype(self.dtype).reshape(n, -1, self.features))
       y = jnp.sum(parts * scale.astype(self.dtype), axis=-2)
+      if self.has_variable("params", KERNEL_ZERO):          # + sum_g zero[g] * sum(x_g)
+        x_sums = jnp.sum(x.reshape(x.shape[:-1] + (n, -1)), axis=-1)
+        y = y + jnp.dot(x_sums, self.get_variable("params", KERNEL_ZERO).astype(self.dtype))
     if self.use_bias:
       y = y + self.param("bias", self.bias_init, (self.features,), self.param_dtype).astype(
           self.dtype)

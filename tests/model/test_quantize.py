@@ -111,8 +111,9 @@ def test_modes_and_the_shape_check(model):
   assert q.parse_mode(None) is None and q.parse_mode("none") is None
   assert q.parse_mode("int8") == "int8" and q.parse_mode("int8:64") == "int8:64"
   assert q.group_size("int8:64") == 64 and q.group_size("int8") is None
-  for bad in ("int4", "int8:0", "int8:", "int8:x", "int8:-2"):
-    with pytest.raises(q.QuantizeError, match=f"quantize must be one of none, int8, int8:G "
+  assert q.group_size("int8:32z") == 32 and q.has_zero("int8:32z") and not q.has_zero("int8:32")
+  for bad in ("int4", "int8:0", "int8:", "int8:x", "int8:-2", "int8:z", "int8:32zz"):
+    with pytest.raises(q.QuantizeError, match=f"quantize must be one of none, int8, int8:G, int8:Gz "
                                               rf"\(G: .*\), got '{bad}'"):
       q.parse_mode(bad)
   assert q.apply_mode(params, cfg, "none") is params
@@ -149,10 +150,10 @@ def _dequantized(tree):
   for name, value in tree.items():
     if isinstance(value, dict):
       out[name] = _dequantized(value)
-    elif name in (q.KERNEL_SCALE, q.EMBEDDING_SCALE):
+    elif name in (q.KERNEL_SCALE, q.KERNEL_ZERO, q.EMBEDDING_SCALE):
       continue
     elif name == "kernel" and q.KERNEL_SCALE in tree:
-      out[name] = q.dequantize(value, tree[q.KERNEL_SCALE], axis=1)
+      out[name] = q.dequantize(value, tree[q.KERNEL_SCALE], axis=1, zero=tree.get(q.KERNEL_ZERO))
     elif name == "embedding" and q.EMBEDDING_SCALE in tree:
       out[name] = q.dequantize(value, tree[q.EMBEDDING_SCALE], axis=0)
     else:
@@ -294,3 +295,61 @@ def test_grouped_decoding_compiles_once_and_is_the_dequantized_models():
           == base_floats.decode(prompts, max_new_tokens=12).tokens)
   with pytest.raises(DecodeInputError, match="G=24 does not divide 64"):
     Sampler(cfg, params, quantize="int8:24", **kw)
+
+
+# Zero points ("int8:Gz").
+
+def _q4_1_blocks(rows: int, cols: int, seed: int = 0):
+  """A kernel [rows, cols] as GGUF's Q4_1 stores one: per block of 32 inputs of an output column,
+  w = d * q + m, q in 0..15 (both ends used), d and m float16."""
+  rng = np.random.default_rng(seed)
+  codes = rng.integers(0, 16, (rows // 32, 32, cols))
+  codes[:, 0], codes[:, 1] = 0, 15
+  d = rng.uniform(0.001, 0.02, (rows // 32, 1, cols)).astype(np.float16).astype(np.float32)
+  m = rng.uniform(-0.15, 0.0, (rows // 32, 1, cols)).astype(np.float16).astype(np.float32)
+  return (codes * d + m).reshape(rows, cols).astype(np.float32)
+
+
+def test_zero_points_round_trip_4bit_blocks_exactly():
+  w = _q4_1_blocks(64, 24)
+  qw, scale, zero = q.quantize_array(w, axis=1, group=32, zero=True)
+  assert qw.dtype == jnp.int8 and scale.shape == zero.shape == (2, 24)
+  back = np.asarray(q.dequantize(qw, scale, axis=1, zero=zero))
+  assert np.abs(back - w).max() <= 1e-6 * np.abs(w).max()
+  symmetric = np.asarray(q.dequantize(*q.quantize_array(w, axis=1, group=32), axis=1))
+  assert np.abs(symmetric - w).max() > 100 * np.abs(back - w).max()     # no zero point: rounded
+  t = np.random.default_rng(2).standard_normal((64, 24)).astype(np.float32)   # any weights:
+  qt, st, zt = q.quantize_array(t, axis=1, group=32, zero=True)               # within a step
+  back_t = np.asarray(q.dequantize(qt, st, axis=1, zero=zt))
+  assert np.all(np.abs(back_t - t) <= np.repeat(np.asarray(st), 32, axis=0) / 2 + 1e-6)
+
+
+def test_zero_point_dense_and_untied_head_are_the_dequantized_floats():
+  rng = np.random.default_rng(4)
+  kernel = rng.standard_normal((32, 24)).astype(np.float32)
+  x = rng.standard_normal((2, 5, 32)).astype(np.float32)
+  qk, scale, zero = q.quantize_array(kernel, axis=1, group=8, zero=True)
+  dense = q.Dense(24, use_bias=False)
+  got = dense.apply({"params": {"kernel": qk, "kernel_scale": scale, "kernel_zero": zero}}, x)
+  want = dense.apply({"params": {"kernel": q.dequantize(qk, scale, axis=1, zero=zero)}}, x)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  head = {"lm_head": {"kernel": qk, "kernel_scale": scale, "kernel_zero": zero}}
+  rows = jnp.array([3, 0, 23])
+  np.testing.assert_allclose(q.head_rows(head, rows, tied=False, dtype=jnp.float32),
+                             np.asarray(q.dequantize(qk, scale, axis=1, zero=zero))[:, rows].T,
+                             rtol=1e-6, atol=1e-6)
+
+
+def test_zero_point_params_layout_and_model_logits():
+  cfg = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_layers=1,
+                    num_heads=4, num_kv_heads=2, head_dim=8)
+  params = init_llama_params(cfg, jax.random.PRNGKey(0))
+  zp = q.apply_mode(params, cfg, "int8:8z")
+  mlp = zp["layers_0"]["mlp"]["up_proj"]
+  assert mlp["kernel"].dtype == jnp.int8 and mlp["kernel_zero"].shape == (4, 64)
+  assert q.KERNEL_ZERO not in str(jax.tree_util.tree_structure(zp["embed_tokens"]))
+  model = LlamaModel(cfg)
+  tokens = jnp.arange(12, dtype=jnp.int32).reshape(2, 6)
+  out = model.apply({"params": zp}, tokens)
+  ref = model.apply({"params": _dequantized(zp)}, tokens)
+  np.testing.assert_allclose(out.logits, ref.logits, rtol=1e-4, atol=1e-5)
