@@ -20,8 +20,8 @@ contracted dimension. A Dense holds {"kernel": int8 [in, out], "kernel_scale": f
 [in/G, out]} and computes sum_g (x_g @ kernel_g) * scale[g] (x [.., in/G, G], kernel
 [in/G, G, out]: one einsum, then the scaled sum over groups). The embedding holds
 {"embedding": int8 [V, D], "embedding_scale": float32 [V, D/G]}: a lookup scales each gathered
-row group by group, and the tied head sums per-group partial dots times the per-(row, group)
-scale (`grouped_logits`). G must divide every quantized tensor's contracted width.
+row group by group, and the tied head scales the table group by group and feeds it to one dot
+(`grouped_logits`). G must divide every quantized tensor's contracted width.
 
 Zero points (mode "int8:Gz"): Dense kernels asymmetric per group, {"kernel": int8,
 "kernel_scale", "kernel_zero": float32 [in/G, out]}, w = q * scale + zero with the group's
@@ -267,6 +267,7 @@ def weight_bytes(params) -> int:
 def head_rows(base_params, rows, tied: bool, dtype):
   """The LM head's rows [R, D] in `dtype` for token ids rows [R] (float or int8 params, scales
   per channel or grouped)."""
+  zero = None                                              # zero points: Dense kernels only
   if tied:
     embed = base_params["embed_tokens"]
     table = jnp.take(jnp.asarray(embed["embedding"]), rows, axis=0)
@@ -278,11 +279,10 @@ def head_rows(base_params, rows, tied: bool, dtype):
     scale = head.get(KERNEL_SCALE)
     scale = None if scale is None else jnp.take(scale, rows, axis=-1).T       # [R] or [R, n]
     zero = head.get(KERNEL_ZERO)
-    if zero is not None:
-      return dequantize(table, scale, axis=0, dtype=dtype, zero=jnp.take(zero, rows, axis=-1).T)
+    zero = None if zero is None else jnp.take(zero, rows, axis=-1).T          # [R, n]
   if scale is None:
     return table.astype(dtype)
-  return dequantize(table, scale, axis=0, dtype=dtype)
+  return dequantize(table, scale, axis=0, dtype=dtype, zero=zero)
 
 
 def grouped_logits(hidden, table, scale, dtype):

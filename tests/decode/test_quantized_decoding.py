@@ -82,8 +82,8 @@ def test_draft_rows_come_from_int8_weights():
 
 def test_a_bad_mode_is_one_clear_error(tmp_path):
   cfg, params = small_model(0)
-  with pytest.raises(DecodeInputError, match="quantize must be one of none, int8, int8:G, int8:Gz .*, got "
-                                             "'int4'"):
+  with pytest.raises(DecodeInputError, match="quantize must be one of none, int8, int8:G, "
+                                             "int8:Gz .*, got 'int4'"):
     Sampler(cfg, params, cache_length=8, quantize="int4")
   err = io.StringIO()
   code = run(DecodeArgs(ckpt=str(tmp_path), prompt="1,2", token_ids=True, quantize="fp8"),
@@ -92,8 +92,8 @@ def test_a_bad_mode_is_one_clear_error(tmp_path):
   assert err.getvalue() == ("error: --quantize must be one of none, int8, int8:G, int8:Gz (G: a "
                             "group size along the input width, e.g. int8:64; z: a zero point per "
                             "group), got 'fp8'.\n")
-  with pytest.raises(UsageError, match="--quantize must be one of none, int8, int8:G, int8:Gz .*, got "
-                                       "'int4'"):
+  with pytest.raises(UsageError, match="--quantize must be one of none, int8, int8:G, "
+                                       "int8:Gz .*, got 'int4'"):
     serve_cli.check_args(serve_cli.parse_args(["--ckpt", str(tmp_path), "--quantize", "int4"]))
   serve_cli.check_args(serve_cli.parse_args(["--ckpt", str(tmp_path), "--quantize", "int8"]))
   serve_cli.check_args(serve_cli.parse_args(["--ckpt", str(tmp_path), "--quantize", "int8:64"]))
