@@ -114,7 +114,7 @@ def test_modes_and_the_shape_check(model):
   assert q.group_size("int8:32z") == 32 and q.has_zero("int8:32z") and not q.has_zero("int8:32")
   for bad in ("int4", "int8:0", "int8:", "int8:x", "int8:-2", "int8:z", "int8:32zz"):
     with pytest.raises(q.QuantizeError, match="quantize must be one of none, int8, int8:G, "
-                                              f"int8:Gz "
+                                              "int8:Gz "
                                               rf"\(G: .*\), got '{bad}'"):
       q.parse_mode(bad)
   assert q.apply_mode(params, cfg, "none") is params
