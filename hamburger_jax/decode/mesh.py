@@ -26,7 +26,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from hamburger_jax.decode import state as ds
 from hamburger_jax.decode.prompts import DecodeInputError
-from hamburger_jax.model import kv_cache
+from hamburger_jax.model import int8_table, kv_cache
 from hamburger_jax.model import partitioning as pt
 from hamburger_jax.model.config import HamburgerConfig, LlamaConfig
 from hamburger_jax.train import sharding
@@ -96,7 +96,8 @@ def _boxed_abstract(cfg):
 def param_shardings(mesh: Mesh, cfg, params):
   """A tree like `params` of NamedShardings, from the logical axes of `cfg`'s Flax modules
   (cfg: HamburgerConfig or LlamaConfig, whichever params are). Leaves the modules do not declare
-  with that shape (draft-vocabulary rows) are replicated."""
+  with that shape (draft-vocabulary rows) are replicated; an int8 table in blocks [V/32, 32, D]
+  (`int8_table`) is split as its [V, D] would be."""
   boxed = _boxed_abstract(cfg)
   declared = jax.tree_util.tree_leaves_with_path(
       sharding.logical_shardings(boxed, mesh, DECODE_RULES))
@@ -105,6 +106,10 @@ def param_shardings(mesh: Mesh, cfg, params):
 
   def pick(path, leaf):
     named, shape = known.get(jax.tree_util.keystr(path), (None, None))
+    if named is not None and int8_table.is_blocked(leaf) and tuple(
+        int8_table.flat(leaf).shape) == shape:
+      rows, width = tuple(named.spec) + (None,) * (2 - len(named.spec))
+      return NamedSharding(mesh, jax.sharding.PartitionSpec(rows, None, width))
     return named if shape == getattr(leaf, "shape", ()) else sharding.replicated(mesh)
   return jax.tree_util.tree_map_with_path(pick, params)
 

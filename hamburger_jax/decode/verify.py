@@ -120,22 +120,29 @@ def accept_sampled(p, q, pending, num_drafts, keys):
   Draft i is accepted with probability min(1, p_{i-1}(d_i) / q_i(d_i)), in order; at the first
   rejection the next token is drawn from normalise(max(p - q, 0)), else from p after the last
   draft. -> (accepted [B], next token [B], accepted flags [B, S-1])."""
-  b, s = pending.shape
-  d = pending[:, 1:, None]
-  pd = jnp.take_along_axis(p[:, :-1], d, axis=2)[..., 0]                  # p_{i-1}(d_i)
-  qd = jnp.take_along_axis(q[:, 1:], d, axis=2)[..., 0]                   # q_i(d_i)
+  s = pending.shape[1]
+  is_draft = pending[:, 1:, None] == jnp.arange(p.shape[-1], dtype=pending.dtype)
+  pd = _pick(p[:, :-1], is_draft, axis=2)                                 # p_{i-1}(d_i)
+  qd = _pick(q[:, 1:], is_draft, axis=2)                                  # q_i(d_i)
   u = jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, _ACCEPT_FOLD), (s - 1,)))(keys)
   ok = (u * qd < pd) & (jnp.arange(1, s)[None, :] <= num_drafts[:, None])
   flags = jnp.cumprod(ok, axis=1).astype(bool)
   accepted = jnp.sum(flags, axis=1, dtype=jnp.int32)
-  rows = jnp.arange(b)
-  p_a = p[rows, accepted]                                                  # [B, V]
-  q_next = q[rows, jnp.minimum(accepted + 1, s - 1)]
+  at = lambda i: (jnp.arange(s)[None, :] == i[:, None])[:, :, None]       # [B, S, 1]
+  p_a = _pick(p, at(accepted), axis=1)                                     # [B, V]
+  q_next = _pick(q, at(jnp.minimum(accepted + 1, s - 1)), axis=1)
   residual = jnp.maximum(p_a - q_next, 0.0)
   rejected = (accepted < num_drafts)[:, None] & (jnp.sum(residual, -1, keepdims=True) > 0)
   dist = jnp.where(rejected, residual, p_a)
   draw = lambda k, w: jax.random.categorical(jax.random.fold_in(k, _RESIDUAL_FOLD), jnp.log(w))
   return accepted, jax.vmap(draw)(keys, dist).astype(jnp.int32), flags
+
+
+def _pick(x, mask, axis: int):
+  """The one entry of x where mask (broadcast to x) holds, along axis: a masked sum, which XLA
+  fuses into one read of x (a gather from [B, S, V] made a TPU lay x out with S on the lanes,
+  padded 128 / S times: docs/results/tpu.md)."""
+  return jnp.sum(jnp.where(mask, x, 0.0), axis=axis)
 
 
 # --- drafting ------------------------------------------------------------------------------------
@@ -257,8 +264,8 @@ def _outputs(logits, pending, accepted, nxt):
   them [B, W, V] -> (tokens, their log-probs, their logits), each [B, W]."""
   tokens = _committed(pending, accepted, nxt)
   logp = jax.nn.log_softmax(logits, axis=-1)
-  tok_logprob = jnp.take_along_axis(logp, tokens[..., None], axis=2)[..., 0]
-  tok_logit = jnp.take_along_axis(logits, tokens[..., None], axis=2)[..., 0]
+  is_token = tokens[..., None] == jnp.arange(logits.shape[-1], dtype=tokens.dtype)
+  tok_logprob, tok_logit = _pick(logp, is_token, axis=2), _pick(logits, is_token, axis=2)
   return tokens, tok_logprob, tok_logit
 
 

@@ -20,8 +20,10 @@ contracted dimension. A Dense holds {"kernel": int8 [in, out], "kernel_scale": f
 [in/G, out]} and computes sum_g (x_g @ kernel_g) * scale[g] (x [.., in/G, G], kernel
 [in/G, G, out]: one einsum, then the scaled sum over groups). The embedding holds
 {"embedding": int8 [V, D], "embedding_scale": float32 [V, D/G]}: a lookup scales each gathered
-row group by group, and the tied head scales the table group by group and feeds it to one dot
-(`grouped_logits`). G must divide every quantized tensor's contracted width.
+row group by group, and the tied head sums the groups' partial products
+(`int8_table.grouped_logits`: the group-scaled table in one dot; on a TPU one dot over rows
+spread by group). G must divide every quantized tensor's contracted width. On a TPU an int8
+table is stored in blocks of 32 rows [V/32, 32, D] (`int8_table`: lookups without re-tiling).
 
 Zero points (mode "int8:Gz"): Dense kernels asymmetric per group, {"kernel": int8,
 "kernel_scale", "kernel_zero": float32 [in/G, out]}, w = q * scale + zero with the group's
@@ -61,6 +63,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from hamburger_jax.model import int8_table
 
 MODES = ("none", "int8", "int8:G", "int8:Gz")
 KERNEL_SCALE = "kernel_scale"
@@ -238,7 +242,8 @@ def quantize_params(params, cfg=None, group: int | None = None, zero: bool = Fal
     llama = getattr(cfg, "base", cfg)
     base = params.get("base", params)
     table = base.get("embed_tokens", {}).get("embedding")
-    if table is not None and tuple(table.shape) != (llama.vocab_size, llama.hidden_size):
+    if table is not None and tuple(int8_table.flat(table).shape) != (llama.vocab_size,
+                                                                  llama.hidden_size):
       raise ValueError(f"The embedding is {tuple(table.shape)}, the config says "
                        f"{(llama.vocab_size, llama.hidden_size)}.")
   if group is not None:
@@ -246,12 +251,17 @@ def quantize_params(params, cfg=None, group: int | None = None, zero: bool = Fal
   return _quantize_dict(params, "", group, zero and group is not None)
 
 
-def apply_mode(params, cfg, mode: str | None):
+def apply_mode(params, cfg, mode: str | None, blocks: bool | None = None):
   """params quantized as `mode` says ("int8", "int8:G"; None / "none": unchanged);
-  QuantizeError for another mode (see `parse_mode`) or a G the widths refuse."""
+  QuantizeError for another mode (see `parse_mode`) or a G the widths refuse. blocks: store int8
+  embedding tables as blocks of 32 rows (`int8_table`; None: where JAX's default backend is a
+  TPU)."""
   if parse_mode(mode) is None:
     return params
-  return quantize_params(params, cfg, group_size(mode), has_zero(mode))
+  out = quantize_params(params, cfg, group_size(mode), has_zero(mode))
+  if jax.default_backend() == "tpu" if blocks is None else blocks:
+    return int8_table.block_tables(out)
+  return out
 
 
 def is_quantized(params) -> bool:
@@ -270,7 +280,7 @@ def head_rows(base_params, rows, tied: bool, dtype):
   zero = None                                              # zero points: Dense kernels only
   if tied:
     embed = base_params["embed_tokens"]
-    table = jnp.take(jnp.asarray(embed["embedding"]), rows, axis=0)
+    table = int8_table.take(jnp.asarray(embed["embedding"]), rows)
     scale = embed.get(EMBEDDING_SCALE)
     scale = None if scale is None else jnp.take(scale, rows, axis=0)          # [R] or [R, n]
   else:                                                     # lm_head kernel [D, V]
@@ -283,17 +293,6 @@ def head_rows(base_params, rows, tied: bool, dtype):
   if scale is None:
     return table.astype(dtype)
   return dequantize(table, scale, axis=0, dtype=dtype, zero=zero)
-
-
-def grouped_logits(hidden, table, scale, dtype):
-  """hidden [..., D], int8 table [V, D], scale [V, n] (groups of G = D / n along D) -> logits
-  [..., V] float32 = hidden @ (table * scale per group).T: the scaled table feeds the dot as one
-  operand, so a backend that fuses the convert reads the int8 table once (a loop over groups
-  read all of it per group on a TPU: docs/results/tpu.md)."""
-  v, d = table.shape
-  n = scale.shape[-1]
-  scaled = (table.reshape(v, n, d // n).astype(jnp.float32) * scale[:, :, None]).reshape(v, d)
-  return jnp.dot(hidden.astype(dtype), scaled.astype(dtype).T, preferred_element_type=jnp.float32)
 
 
 class Dense(nn.Dense):
@@ -325,8 +324,15 @@ class Dense(nn.Dense):
 
 
 class Embed(nn.Embed):
-  """nn.Embed that also reads an int8 table [V, D] with its "embedding_scale": [V] (per row) or
-  [V, D/G] (per row and group of G)."""
+  """nn.Embed that also reads an int8 table [V, D] (or its blocks [V/32, 32, D], on a TPU:
+  `int8_table`) with its "embedding_scale": [V] (per row) or [V, D/G] (per row and group of G)."""
+
+  def setup(self):
+    if self.has_variable("params", "embedding") and int8_table.is_blocked(
+        self.get_variable("params", "embedding")):
+      self.embedding = self.get_variable("params", "embedding")   # not nn.Embed's [V, D] shape
+    else:
+      super().setup()
 
   def _scale(self):
     if self.has_variable("params", EMBEDDING_SCALE):
@@ -343,7 +349,7 @@ class Embed(nn.Embed):
     scale = self._scale()
     if scale is None:
       return super().__call__(inputs)
-    rows = jnp.take(self.embedding, inputs, axis=0).astype(self.dtype)
+    rows = int8_table.take(self.embedding, inputs).astype(self.dtype)
     scale = jnp.take(scale, inputs, axis=0).astype(self.dtype)          # [...] or [..., n]
     if scale.ndim == rows.ndim - 1:
       return rows * scale[..., None]
@@ -355,16 +361,17 @@ class Embed(nn.Embed):
     scale = self._scale()
     if scale is None:
       return super().attend(query)
+    table = int8_table.flat(self.embedding)
     if scale.ndim == 2:
-      return grouped_logits(query, self.embedding, scale, self.dtype)
-    out = jnp.dot(query.astype(self.dtype), self.embedding.astype(self.dtype).T)
+      return int8_table.grouped_logits(query, table, scale, self.dtype)
+    out = jnp.dot(query.astype(self.dtype), table.astype(self.dtype).T)
     return out * scale.astype(self.dtype)
 
   def head_table(self, dtype):
     """-> (table [V, D] in dtype, per-row scale [V] float32 or None): logits = (h @ table.T) *
     scale; the int8 -> dtype convert is left to fuse into the product. Not for grouped scales
     (`is_grouped`: `attend` sums the groups' partial products)."""
-    return self.embedding.astype(dtype), self._scale()
+    return int8_table.flat(self.embedding).astype(dtype), self._scale()
 
 
 def scale_logits(logits, scale):

@@ -151,7 +151,8 @@ def compile_decode_loop(cfg, device, batch: int, cache_length: int, prompt_len: 
   the base model alone (one token per macro step); verify=True is verified decoding
   (`decode/verify.py`: the base reads the pending token and its drafts, S inputs per row).
   Params and the state are abstract. inspect: compiled -> more fields of the report.
-  quantize: "int8" = int8 weights with per-channel scales (`model/quantize.py`).
+  quantize: "int8" = int8 weights with per-channel scales (`model/quantize.py`), the embedding
+  in blocks as on a TPU (`model/int8_table.py`).
   mesh: e.g. "tensor=8" over `device`, then a list of chips (`decode/mesh.py`): params and state
   sharded as on the chips; memory and bytes are per chip.
   draft_vocab: K > 0 = drafts choose from K ids (`decode/draft_vocab.py`; ids 0..K-1 stand in
@@ -174,7 +175,7 @@ def compile_decode_loop(cfg, device, batch: int, cache_length: int, prompt_len: 
   params = jax.eval_shape(lambda p: _keep_first(models, decode_model(cfg, p, base, ids,
                                                                     verify_steps=depth)), params)
   model = models[0]
-  params = jax.eval_shape(lambda p: apply_mode(p, model.llama, quantize), params)
+  params = jax.eval_shape(lambda p: apply_mode(p, model.llama, quantize, blocks=True), params)
   grid = decode_mesh(mesh, device, model)
   engine = lp.DecodeEngine(model, cache_length, cache_length, verify=verify, mesh=grid,
                            kv_cache=kv_cache, draft_branches=draft_branches if verify else 1)

@@ -121,7 +121,9 @@ class _Program:
     for n, (_, _, ops, _) in instrs.items():
       for k, o in enumerate(_names(ops)):
         users[o].append((n, k))
-    reads = {index: _param_read(instrs, users, p) for p, index in params.items()}
+    relayouts = {n for n, i in instrs.items() if i[1] == "fusion" and self._relayout(
+        _attr(i[3], r"calls=%([\w.\-]+)"))}
+    reads = {index: _param_read(instrs, users, p, relayouts) for p, index in params.items()}
     root_name, root = list(instrs.items())[-1]
     inplace = {}
     for k, out in enumerate([root_name] if root[1] != "tuple" else _names(root[2])):
@@ -136,6 +138,13 @@ class _Program:
     self._fused[comp] = _Fused(reads, inplace, moves)
     return self._fused[comp]
 
+  def _relayout(self, comp: str) -> bool:
+    """Whether a nested fused computation only re-tiles its one parameter (copy / bitcast):
+    XLA TPU fuses such a copy into a slice's fusion and moves only what the slice takes."""
+    instrs = self.comps.get(comp, {})
+    return (sum(i[1] == "parameter" for i in instrs.values()) == 1
+            and all(i[1] in ("parameter", "copy", "bitcast") for i in instrs.values()))
+
 
 def _through_bitcasts(instrs, name):
   while instrs[name][1] == "bitcast":
@@ -143,13 +152,14 @@ def _through_bitcasts(instrs, name):
   return name
 
 
-def _param_read(instrs, users, name) -> float:
-  """Bytes a fused parameter is read for: what its slices take, else all of it once."""
+def _param_read(instrs, users, name, relayouts=frozenset()) -> float:
+  """Bytes a fused parameter is read for: what its slices take, else all of it once (through
+  bitcasts and `relayouts`, nested fusions that only re-tile it)."""
   total, shared = 0.0, False
   for user, k in users[name]:
     opcode = instrs[user][1]
-    if opcode == "bitcast" and users[user]:
-      total += _param_read(instrs, users, user)
+    if (opcode == "bitcast" or user in relayouts) and users[user]:
+      total += _param_read(instrs, users, user, relayouts)
     elif opcode == "slice" or (opcode in ("dynamic-slice", "gather") and k == 0):
       total += shape_bytes(instrs[user][0])
     elif opcode in ("dynamic-update-slice", "scatter") and k == 0:

@@ -106,3 +106,24 @@ def test_int8_kv_buffers_halve_a_base_steps_kv_bytes_on_a_v5e_chip():
   assert int8["groups"]["hbm"]["copies"] < 0.1 * kv_bytes(int8), int8["groups"]
   assert int8["hbm_step"] < 0.8 * plain["hbm_step"], (int8["hbm_step"], plain["hbm_step"])
   assert int8["floor"]["kv_cache"] < 0.55 * plain["floor"]["kv_cache"]
+
+
+@pytest.mark.slow
+def test_an_int8_table_is_read_once_per_step_on_a_v5e_chip():
+  """Two layers of Llama-3.2-1B's widths, a 32,768-token table, int8:32z (group scales on the
+  tied head), batch 1: the step reads the table once for the head and copies none of it for the
+  lookup (stored flat, XLA re-tiled the whole table every step; the group-scaled head wrote a
+  scaled copy of it)."""
+  from benchmarks.tpu import step_bytes
+  from hamburger_jax.model.config import get_preset
+  cfg = get_preset("llama3.2-1b", dtype="bfloat16", param_dtype="bfloat16")
+  cfg = cfg.replace(base=dataclasses.replace(cfg.base, num_layers=2, vocab_size=32768),
+                    feature_layers=(0, 1), num_micro_layers=1)
+  device = aot.topology_devices("v5e:2x2", 1)[0]
+  report = aot.compile_decode_loop(
+      cfg, device, batch=1, cache_length=512, base=True, quantize="int8:32z",
+      inspect=step_bytes.inspector(cfg, "base", 1, 512, quantize="int8:32z"))["bytes"]
+  table = cfg.base.vocab_size * cfg.base.hidden_size
+  assert report["groups"]["hbm"]["copies"] < 0.1 * table, report["groups"]
+  assert report["hbm_step"] < 1.1 * report["floor"]["total"], (report["hbm_step"],
+                                                                report["floor"])

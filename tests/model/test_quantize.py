@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from hamburger_jax.model import int8_table
 from hamburger_jax.model import quantize as q
 from hamburger_jax.model.config import LlamaConfig
 from hamburger_jax.model.hamburger import HamburgerModel, dummy_batch
@@ -178,6 +179,23 @@ def test_grouped_round_trip_error_is_bounded():
     assert np.square(back - w).sum() < np.square(per_channel - w).sum()   # finer scales
   qw, scale = q.quantize_array(w, axis=1, group=8)
   assert np.all(np.asarray(qw)[8:16, 5] == 0) and float(scale[1, 5]) == 1.0
+
+
+def test_both_forms_of_the_grouped_head_give_the_same_logits():
+  """The TPU form (group partial sums of one dot, then scaled) and the scaled-table form agree,
+  for several leading shapes; on this CPU `grouped_logits` takes the scaled table."""
+  rng = np.random.default_rng(4)
+  table = jnp.asarray(rng.integers(-127, 128, size=(96, 32)), jnp.int8)
+  scale = jnp.asarray(rng.uniform(1e-3, 1e-2, size=(96, 4)), jnp.float32)
+  for lead in ((1,), (3,), (2, 5)):
+    hidden = jnp.asarray(rng.normal(size=lead + (32,)), jnp.float32)
+    want = np.einsum("...gi,vgi,vg->...v", np.asarray(hidden).reshape(lead + (4, 8)),
+                     np.asarray(table, np.float64).reshape(96, 4, 8), np.asarray(scale))
+    for form in (int8_table._scaled_table_logits, int8_table._group_partial_logits,
+                 int8_table.grouped_logits):
+      got = jax.jit(form, static_argnums=3)(hidden, table, scale, jnp.float32)
+      assert got.shape == lead + (96,) and got.dtype == jnp.float32
+      np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
 
 
 def test_plain_int8_is_per_channel_as_before(model):

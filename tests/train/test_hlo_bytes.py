@@ -77,3 +77,22 @@ def test_tpu_decode_step_attribution_sums_to_xla_and_fills_the_groups():
   # The attention loop runs over all 8 KV blocks: the cache is read once per step.
   assert 0.9 * b["floor"]["kv_cache"] <= xla["kv_cache"] <= 1.5 * b["floor"]["kv_cache"]
   assert b["floor"]["total"] == pytest.approx(b["floor"]["weights"] + b["floor"]["kv_cache"])
+
+
+@needs_libtpu
+def test_a_relayout_fused_into_a_slice_reads_only_the_slice():
+  """One row of an int8 table in blocks [V/32, 32, D] on a v5e chip: XLA fuses a re-tiling of the
+  whole table into the slice's fusion and counts (moves) only the slice; so does hbm."""
+  from hamburger_jax.model import int8_table
+  device = aot.topology_devices("v5e:2x2", 1)[0]
+  on_chip = lambda shape, dtype: jax.ShapeDtypeStruct(
+      shape, dtype, sharding=jax.sharding.SingleDeviceSharding(device))
+  compiled = jax.jit(lambda t, i: int8_table.take(t, i).astype(jnp.bfloat16)).lower(
+      on_chip((1024, 32, 2048), jnp.int8), on_chip((1,), jnp.int32)).compile()
+  text = compiled.as_text()
+  assert "copy_fusion" in text                           # the fused re-tiling is there
+  xla = compiled.cost_analysis()
+  xla = (xla[0] if isinstance(xla, (list, tuple)) else xla)["bytes accessed"]
+  report = hlo_bytes.attribute(text)
+  table = 1024 * 32 * 2048
+  assert report["hbm"] < 0.01 * table and xla < 0.01 * table, (report["hbm"], xla)
