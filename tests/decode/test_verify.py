@@ -230,8 +230,9 @@ def _base_pair_probs(cfg, params, prompt, top_k):
 def test_verified_sampling_reproduces_the_base_distribution(branches):
   """Chi-square goodness of fit of the first two tokens (the second one is a verified draft or
   the rule's residual draw) against the base's exact distribution, 4096 samples, p > 1e-3.
-  The same test rejects HAMburger's own (unverified) sampling, so it has the power to fail.
-  With a draft tree (branches 2) sampled rows check its first chain."""
+  The same test rejects HAMburger's own (unverified) sampling, so it has the power to fail
+  (checked once: it does not depend on branches). With a draft tree (branches 2) sampled rows
+  check its first chain."""
   cfg, params = drafting_model(0.6)
   prompt, top_k, n = [3, 9, 11], 3, 4096
   exact = _base_pair_probs(cfg, params, prompt, top_k)
@@ -253,9 +254,10 @@ def test_verified_sampling_reproduces_the_base_distribution(branches):
 
   verified = Sampler(cfg, params, cache_length=16, out_length=4, verify=True,
                      draft_branches=branches)
-  merged = Sampler(cfg, params, cache_length=16, out_length=4)
   assert p_value(verified) > 1e-3
-  assert p_value(merged, max_group=2) < 1e-6
+  if branches == 1:
+    merged = Sampler(cfg, params, cache_length=16, out_length=4)
+    assert p_value(merged, max_group=2) < 1e-6
 
 
 def test_the_verified_loop_never_copies_a_kv_buffer():
