@@ -264,8 +264,8 @@ def _outputs(logits, pending, accepted, nxt):
   them [B, W, V] -> (tokens, their log-probs, their logits), each [B, W]."""
   tokens = _committed(pending, accepted, nxt)
   logp = jax.nn.log_softmax(logits, axis=-1)
-  is_token = tokens[..., None] == jnp.arange(logits.shape[-1], dtype=tokens.dtype)
-  tok_logprob, tok_logit = _pick(logp, is_token, axis=2), _pick(logits, is_token, axis=2)
+  tok_logprob = jnp.take_along_axis(logp, tokens[..., None], axis=2)[..., 0]
+  tok_logit = jnp.take_along_axis(logits, tokens[..., None], axis=2)[..., 0]
   return tokens, tok_logprob, tok_logit
 
 
