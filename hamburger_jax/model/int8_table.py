@@ -90,9 +90,9 @@ def _scaled_table_logits(hidden, table, scale, dtype):
 def _group_partial_logits(hidden, table, scale, dtype):
   d = table.shape[1]
   n = scale.shape[-1]
-  flat = hidden.reshape(-1, d).astype(dtype)                                   # [R, D]
+  x = hidden.reshape(-1, d).astype(dtype)                                      # [R, D]
   in_group = jnp.arange(n)[:, None] == jnp.arange(d)[None, :] // (d // n)    # [n, D]
-  spread = (flat[:, None, :] * in_group[None].astype(dtype)).reshape(-1, d)  # [R * n, D]
+  spread = (x[:, None, :] * in_group[None].astype(dtype)).reshape(-1, d)     # [R * n, D]
   parts = jnp.dot(spread, table.astype(dtype).T, preferred_element_type=jnp.float32)
   logits = jnp.einsum("rnv,vn->rv", parts.reshape(-1, n, table.shape[0]), scale)
   return logits.reshape(hidden.shape[:-1] + (table.shape[0],))
