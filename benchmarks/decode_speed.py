@@ -55,7 +55,7 @@ GROUPS = {            # flags that apply to one measurement only (dest: default)
                 "code_fences": 1},
     "verify": {"prompt_sets": "both,code", "draft_confidences": "0.001,0.3,0.5",
                "verify_prompts": 24, "verify_batching": "static", "width_rules": "off",
-               "verify_steps": "", "draft_branches": "1"},
+               "verify_steps": "", "draft_branches": "1", "drafter_quantize": "none"},
 }
 DEFAULTS = {"sampler": dict(batch_sizes="1,8", out=("step_costs", "decode_speed.json")),
             "micro_layers": dict(max_new_tokens=128, out=("step_costs", "micro_layers.json")),
@@ -123,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
                       "1,2 (decode/draft_tree.py; default 1)")
   v.add_argument("--width_rules", choices=("on", "off", "on,off"),
                  help="verified steps with the width rule (decode/draft_width.py) on and/or off")
+  v.add_argument("--drafter_quantize",
+                 help="the drafter's weights, comma-separated: none and/or micro:int8 (the base "
+                      "stays as stored; model/quantize.py)")
   p.set_defaults(**GROUPS["sampler"], **GROUPS["batched"], **GROUPS["verify"])
   return p
 
@@ -200,10 +203,22 @@ def parse_args(argv=None):
                 lambda v: bool(v) and all(2 <= s <= 16 for s in v),
                 "comma-separated depths in 2..16 are needed, e.g. --verify_steps=4,6")
   if mode == "verify":
+    _list_error(parser, "drafter_quantize", args.drafter_quantize, lambda t: t.split(","),
+                lambda v: all(m == "none" or m.startswith("micro:") and _is_mode(m) for m in v),
+                "comma-separated drafter formats are needed: none and/or micro:<mode>, e.g. "
+                "--drafter_quantize=none,micro:int8")
     _list_error(parser, "draft_branches", args.draft_branches, positive_ints,
                 lambda v: bool(v) and all(1 <= k <= 8 for k in v),
                 "comma-separated chain counts in 1..8 are needed, e.g. --draft_branches=1,2")
   return args, mode
+
+
+def _is_mode(mode: str) -> bool:
+  from hamburger_jax.model import quantize  # pylint: disable=import-outside-toplevel
+  try:
+    return bool(quantize.parse_mode(mode))
+  except quantize.QuantizeError:
+    return False
 
 
 def _check_batched(parser, args) -> None:

@@ -129,7 +129,7 @@ def decode_rows(entry: str, models=DECODE_MODELS, explain: bool = False, fill: i
                 verify_steps: int | None = None, draft_branches: int = 1) -> list[dict]:
   """explain: each row also gets "bytes", the step's byte attribution (`tpu.step_bytes`);
   quantize: "int8" / "int8:G" compiles the loops with int8 weights (`model/quantize.py`; G: a
-  scale per group of G inputs); draft_vocab: K > 0
+  scale per group of G inputs; "micro:int8": the drafter's alone); draft_vocab: K > 0
   = drafts choose from K ids (the base's rows have none); micro_layers: the micro decoder's
   depth (None: the preset's); kv_cache: what the KV buffers store ("model" or "int8");
   verify_steps: verified decoding's inputs per row and forward (None: the preset's max_steps);
@@ -221,7 +221,7 @@ def main(argv=None):
                  help="--explain: KV slots in use per row (default: all)")
   p.add_argument("--quantize", default="none", type=_quantize_mode,
                  help="decode: the weights' format (int8: per-channel scales, int8:G: a scale "
-                      "per group of G inputs; model/quantize.py)")
+                      "per group of G inputs, micro:int8: the drafter alone; model/quantize.py)")
   p.add_argument("--draft_vocab", type=int, default=0,
                  help="decode: drafts choose from this many token ids (0: the whole vocabulary)")
   p.add_argument("--kv_cache", default="model", choices=("model", "int8"),

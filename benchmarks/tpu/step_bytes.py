@@ -39,6 +39,7 @@ def floor_bytes(cfg, model: str, batch: int, slots: int, fill: int | None = None
   from hamburger_jax.decode.models import decode_model
   from hamburger_jax.model.kv_cache import init_cache
   from hamburger_jax.model.hamburger import init_params
+  from hamburger_jax.model import quantize as quantize_lib
   from hamburger_jax.model.quantize import apply_mode
   params = jax.eval_shape(lambda: apply_mode(init_params(cfg, jax.random.PRNGKey(0)), cfg.base,
                                              quantize))
@@ -51,8 +52,10 @@ def floor_bytes(cfg, model: str, batch: int, slots: int, fill: int | None = None
   repeats = 0.0
   if model != "base":
     rows = min(draft_vocab + REST_SAMPLE, llama.vocab_size) if draft_vocab else llama.vocab_size
-    # Drafts read the int8 head itself, or (with a draft vocabulary) rows gathered in bf16.
-    int8_head = quantize != "none" and not draft_vocab
+    # Drafts read the int8 head itself, or (with a draft vocabulary) rows gathered in bf16,
+    # int8 when the drafter alone is int8 ("micro:int8"; then the head itself stays float).
+    drafter_only = quantize_lib.drafter_only(quantize)
+    int8_head = quantize != "none" and (drafter_only if draft_vocab else not drafter_only)
     head = rows * llama.hidden_size * (1 if int8_head else
                                        jax.numpy.dtype(cfg.base.param_dtype).itemsize)
     # Micro-decoder passes: HAMburger's prefill and S - 1 steps; verified drafting fuses the

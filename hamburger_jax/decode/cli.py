@@ -334,8 +334,10 @@ _HELP = {
     "quantize": "weights the decode loop reads: 'none' (as stored), 'int8' (int8 with "
                 "per-output-channel scales, quantized once at load: half the weight bytes of "
                 "bfloat16 per step), 'int8:G' (a scale per group of G inputs, e.g. int8:64; G "
-                "must divide every quantized weight's input width) or 'int8:Gz' (a zero point "
-                "per group too: int8:32z keeps the shipped base's 4-bit weights exactly)",
+                "must divide every quantized weight's input width), 'int8:Gz' (a zero point "
+                "per group too: int8:32z keeps the shipped base's 4-bit weights exactly) or "
+                "'micro:<mode>' (the drafter alone, e.g. micro:int8: with --verify the answers "
+                "stay the base's)",
     "mesh": "decode one model over a device mesh, e.g. 'tensor=4' or 'data=2,tensor=4' (axes "
             "data, fsdp, tensor; their product = the devices): heads, kv heads, MLP and "
             "vocabulary split over tensor, rows over data ('' = one device)",

@@ -16,7 +16,8 @@
 `BaseDecodeModel` is the plain Llama (groups of one token, no micro steps: max_steps == 1).
 Both are frozen dataclasses holding only the config, so they are hashable compile-key parts.
 `decode_model(.., draft_vocab=ids)`: drafts (micro steps >= 1) read only those K rows of the LM
-head (`hamburger_jax.decode.draft_vocab`); the ids and their rows travel in params["draft"].
+head (`hamburger_jax.decode.draft_vocab`); the ids and their rows travel in params["draft"]
+(the rows int8 with a "table_scale" under quantize "micro:int8").
 `prompt_scorer(model, params)`: log-probs of a prompt's tokens, as the model reads a prompt.
 """
 
@@ -35,7 +36,8 @@ from hamburger_jax.model.execution import Execution
 from hamburger_jax.model.hamburger import HamburgerModel
 from hamburger_jax.model.layers import attend_rows
 from hamburger_jax.model.llama import LlamaModel
-from hamburger_jax.model.quantize import head_rows
+from hamburger_jax.model.quantize import (DRAFT_TABLE_SCALE, head_rows, is_quantized,
+                                          quantize_draft_rows)
 from hamburger_jax.model.scoring import Scorer
 
 
@@ -93,7 +95,12 @@ class HamburgerDecodeModel:
     """
     draft = params["draft"]
     k = self.draft_size
-    both = attend_rows(hidden.astype(draft["table"].dtype), draft["table"])    # [B, K + R]
+    table, scale = draft["table"], draft.get(DRAFT_TABLE_SCALE)
+    if scale is None:
+      both = attend_rows(hidden.astype(table.dtype), table)                   # [B, K + R]
+    else:                           # int8 rows ("micro:int8"), the convert left to fuse
+      dtype = self.cfg.base.jnp_dtype
+      both = attend_rows(hidden.astype(dtype), table.astype(dtype)) * scale
     rest = both[:, k:] + draft["rest_log_weight"]
     return both[:, :k], self._apply(params, hidden, method=HamburgerModel.stop), rest
 
@@ -181,7 +188,8 @@ def decode_model(cfg, params, base: bool = False, draft_vocab=None,
   draft_vocab: token ids [K] that drafts (micro steps >= 1) choose from, or None for the whole
   vocabulary; their LM-head rows are gathered once here, with those of `rest_sample` of the
   other tokens (a fixed sample) that estimate the mass a draft's probability leaves out (see
-  `draft_heads`). The base alone has no drafts.
+  `draft_heads`); int8 rows when the micro decoder alone is int8 (quantize "micro:int8"). The
+  base alone has no drafts.
   """
   if isinstance(cfg, HamburgerConfig):
     if base:
@@ -196,6 +204,8 @@ def decode_model(cfg, params, base: bool = False, draft_vocab=None,
     table = head_rows(params["base"], rows, cfg.base.tie_word_embeddings, cfg.base.jnp_dtype)
     draft = {"ids": jnp.asarray(ids), "table": table,
              "rest_log_weight": jnp.float32(np.log(weight))}
+    if is_quantized(params["micro_decoder"]) and not is_quantized(params["base"]):
+      draft = quantize_draft_rows(draft)         # the drafter alone in int8 ("micro:int8")
     return HamburgerDecodeModel(cfg, int(ids.size)), {**params, "draft": draft}
   if isinstance(cfg, LlamaConfig):
     return BaseDecodeModel(cfg), params

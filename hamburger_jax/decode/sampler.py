@@ -63,7 +63,8 @@ class Sampler:
   (`decode/mesh.py`); None: one device.
   quantize: "int8" decodes with int8 weights (`model/quantize.py`, quantized once here; params
   quantized already are kept), "int8:G" with a scale per group of G inputs, "int8:Gz" with a
-  zero point per group too; None or "none": the params as given.
+  zero point per group too, "micro:<mode>" the drafter alone (the micro decoder and draft rows;
+  verified answers stay the base's); None or "none": the params as given.
   kv_cache: what the KV buffers store: "model" (the model's dtype) or "int8" (int8 values with a
   float32 scale per head vector, `model/kv_cache.py`: ~0.53x the bytes of bfloat16).
   """

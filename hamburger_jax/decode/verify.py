@@ -86,17 +86,15 @@ def _per_position(fn, x, sampling):
 
 
 def draft_probs(model, params, hidden, sampling):
-  """The distributions q [B, S, V] the drafts were drawn from, from the micro outputs hidden
-  [B, S, D] (index 0 unused). With a draft vocabulary q is zero outside its K ids."""
+  """The distributions the drafts were drawn from, from the micro outputs hidden [B, S, D]
+  (index 0 unused): q [B, S, V], or with a draft vocabulary (q_k [B, S, K], its ids [K]), q
+  being zero outside those ids."""
   b, s, d = hidden.shape
   flat = hidden.reshape(b * s, d)
   if model.draft_size:
     logits, _, _ = model.draft_heads(params, flat)
-    rows = jax.tree_util.tree_map(lambda v: jnp.repeat(v, s, axis=0), sampling)
-    q_k = processed_probs(logits, rows)                                   # [B*S, K]
-    q = jnp.zeros((b * s, model.llama.vocab_size), jnp.float32)
-    q = q.at[:, params["draft"]["ids"]].set(q_k)
-    return q.reshape(b, s, -1)
+    q_k = _per_position(processed_probs, logits.reshape(b, s, -1), sampling)
+    return q_k, params["draft"]["ids"]
   logits, _ = model.heads(params, flat)
   return _per_position(processed_probs, logits.reshape(b, s, -1), sampling)
 
@@ -116,21 +114,26 @@ def accept_greedy(logits, pending, num_drafts):
 
 def accept_sampled(p, q, pending, num_drafts, keys):
   """The Leviathan/Chen rule. p [B, S, V]: the base's processed distributions after each pending
-  input; q [B, S, V]: the distributions drafts 1..S-1 were drawn from; keys [B, 2].
+  input; q: the distributions drafts 1..S-1 were drawn from (`draft_probs`: [B, S, V], or over a
+  draft vocabulary (q_k [B, S, K], ids [K])); keys [B, 2].
   Draft i is accepted with probability min(1, p_{i-1}(d_i) / q_i(d_i)), in order; at the first
   rejection the next token is drawn from normalise(max(p - q, 0)), else from p after the last
   draft. -> (accepted [B], next token [B], accepted flags [B, S-1])."""
   s = pending.shape[1]
-  is_draft = pending[:, 1:, None] == jnp.arange(p.shape[-1], dtype=pending.dtype)
+  q, ids = q if isinstance(q, tuple) else (q, None)
+  is_id = lambda ids: pending[:, 1:, None] == ids.astype(pending.dtype)[None, None, :]
+  is_draft = is_id(jnp.arange(p.shape[-1]))
   pd = _pick(p[:, :-1], is_draft, axis=2)                                 # p_{i-1}(d_i)
-  qd = _pick(q[:, 1:], is_draft, axis=2)                                  # q_i(d_i)
+  qd = _pick(q[:, 1:], is_draft if ids is None else is_id(ids), axis=2)   # q_i(d_i)
   u = jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, _ACCEPT_FOLD), (s - 1,)))(keys)
   ok = (u * qd < pd) & (jnp.arange(1, s)[None, :] <= num_drafts[:, None])
   flags = jnp.cumprod(ok, axis=1).astype(bool)
   accepted = jnp.sum(flags, axis=1, dtype=jnp.int32)
   at = lambda i: (jnp.arange(s)[None, :] == i[:, None])[:, :, None]       # [B, S, 1]
   p_a = _pick(p, at(accepted), axis=1)                                     # [B, V]
-  q_next = _pick(q, at(jnp.minimum(accepted + 1, s - 1)), axis=1)
+  q_next = _pick(q, at(jnp.minimum(accepted + 1, s - 1)), axis=1)         # [B, V] or [B, K]
+  if ids is not None:                  # only this row is spread over the vocabulary
+    q_next = jnp.zeros_like(p_a).at[:, ids].set(q_next)
   residual = jnp.maximum(p_a - q_next, 0.0)
   rejected = (accepted < num_drafts)[:, None] & (jnp.sum(residual, -1, keepdims=True) > 0)
   dist = jnp.where(rejected, residual, p_a)

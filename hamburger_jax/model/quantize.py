@@ -3,27 +3,20 @@
     qparams = quantize_params(params, cfg)      # once, at load; HAMburger or Llama params
     Sampler(cfg, params, quantize="int8")       # the same, inside the sampler
     Sampler(cfg, params, quantize="int8:64")    # one scale per 64 inputs of each output channel
+    Sampler(cfg, params, verify=True, quantize="micro:int8")   # the drafter alone
 
 A quantized Dense holds {"kernel": int8 [in, out], "kernel_scale": float32 [out]} and computes
-(x @ kernel) * scale, the int8 -> float convert feeding the dot: the weights live in params and
-in the compiled loop as int8 (a quarter of float32's bytes, half of bfloat16's). Whether the
-convert fuses into the dot is the backend's choice: XLA's CPU backend writes the converted
-kernel out before its dot (so on CPU int8 saves memory, not time: docs/results/quality.md);
-docs/results/tpu.md has the TPU step's bytes. The token embedding holds
-{"embedding": int8 [V, D], "embedding_scale": float32 [V]}: a lookup gathers int8 rows and
-scales them, and the tied LM head (logits[v] = h . E[v]) scales its logits by the same per-row
-scale, which is per output channel there. `Dense` and `Embed` below read both layouts, so float
-params run exactly as before and the two layouts are two compile keys of one program.
+(x @ kernel) * scale, the int8 -> float convert feeding the dot (XLA's TPU backend fuses it; its
+CPU backend writes the converted kernel out first, so on CPU int8 saves memory, not time). The
+token embedding holds {"embedding": int8 [V, D], "embedding_scale": float32 [V]}: a lookup
+scales the gathered int8 rows, and the tied LM head scales its logits by the same per-row scale.
+`Dense` and `Embed` below read both layouts (two compile keys of one program).
 
 Group-wise scales (mode "int8:G"): one scale per group of G consecutive entries along the
-contracted dimension. A Dense holds {"kernel": int8 [in, out], "kernel_scale": float32
-[in/G, out]} and computes sum_g (x_g @ kernel_g) * scale[g] (x [.., in/G, G], kernel
-[in/G, G, out]: one einsum, then the scaled sum over groups). The embedding holds
-{"embedding": int8 [V, D], "embedding_scale": float32 [V, D/G]}: a lookup scales each gathered
-row group by group, and the tied head sums the groups' partial products
-(`int8_table.grouped_logits`: the group-scaled table in one dot; on a TPU one dot over rows
-spread by group). G must divide every quantized tensor's contracted width. On a TPU an int8
-table is stored in blocks of 32 rows [V/32, 32, D] (`int8_table`: lookups without re-tiling).
+contracted dimension: a Dense's "kernel_scale" is [in/G, out], y = sum_g (x_g @ kernel_g) *
+scale[g] (one einsum, then the scaled sum); the embedding's is [V, D/G], the tied head summing
+the groups' partial products (`int8_table.grouped_logits`). G must divide every quantized
+tensor's contracted width. On a TPU an int8 table is stored in blocks of 32 rows (`int8_table`).
 
 Zero points (mode "int8:Gz"): Dense kernels asymmetric per group, {"kernel": int8,
 "kernel_scale", "kernel_zero": float32 [in/G, out]}, w = q * scale + zero with the group's
@@ -32,25 +25,15 @@ came from a 4-bit format with a scale and a minimum per block (GGUF's Q4_1, bloc
 SmolLM2's shipped base) round-trip exactly at G = 32, since their 16 levels are 17 of these 256
 apart. The embedding keeps symmetric group scales (GGUF's Q8_0 blocks round-trip exactly too).
 
-Quantized: the base's and the micro decoder's q/k/v/o/gate/up/down kernels, the LM head (or the
-tied embedding). Left in float: norms, biases, the compositional embedder, the merge adapter, the
-stop head (small tensors, where the error would matter most per byte saved).
+Quantized: the q/k/v/o/gate/up/down kernels (base and micro decoder), the LM head or the tied
+embedding. Left in float: norms, biases, the embedder, the merge adapter, the stop head.
 
-Scale: per output channel (or per group of a channel), symmetric (no zero point): the one of
-r x absmax / 127, r in CLIP_RATIOS, with the least squared error over the channel (group); an
-all-zero channel (group) gets scale 1. The round-trip error of a weight within 127 x scale is at
-most scale / 2; larger ones clip.
+The drafter alone ("micro:<mode>"): the micro decoder's kernels and a draft vocabulary's head
+rows (a scale per row) in int8, the base as given: verified decoding still commits the base's
+own tokens, its drafting micro steps reading half the bytes on an accelerator.
 
-Why not Qwix (qwix 0.1.8, PtqProvider + quantize_params, tried on the tiny Llama with a KV
-cache): it quantizes the decoder layers' Dense kernels of a linen module (the lowered program
-reads them as i8; logits max error 0.024 at max |logit| 2.1), but (1) the tied embedding, the
-largest tensor of a small Llama (SmolLM2-135M: 28M of 135M weights; Llama-3.2-1B: 263M of 1.2B),
-cannot be quantized: its lookup gathers from the table and fails on Qwix's quantized param
-(`TypeError: take requires ndarray`), and the decoding LM head's multiply-and-sum form
-(`layers.attend_rows`) is no dot it intercepts; (2) every place a module is applied (decode
-models, scorer, verifier) would need the wrapped module; (3) params become Qwix pytree nodes that
-the rest of the code (device_put, sharding, memory counts) would have to learn. The two small
-classes here cover every quantized tensor with plain arrays in params.
+Scale (symmetric): of r x absmax / 127, r in CLIP_RATIOS, the one with the least squared error
+over the channel (group); all-zero: 1. Why not Qwix: docs/architecture.md, "int8 weights".
 """
 
 from __future__ import annotations
@@ -66,10 +49,12 @@ import numpy as np
 
 from hamburger_jax.model import int8_table
 
-MODES = ("none", "int8", "int8:G", "int8:Gz")
+MODES = ("none", "int8", "int8:G", "int8:Gz", "micro:<mode>")
+MICRO = "micro:"          # "micro:int8": the drafter's weights only (`quantize_drafter`)
 KERNEL_SCALE = "kernel_scale"
 KERNEL_ZERO = "kernel_zero"
 EMBEDDING_SCALE = "embedding_scale"
+DRAFT_TABLE_SCALE = "table_scale"
 INT8_MAX = 127
 # Scales tried per channel, as fractions of absmax / 127: clipping a channel's few largest
 # weights can lower its squared error (SmolLM2-135M's base on 32 held-out prompts, teacher forced:
@@ -87,27 +72,36 @@ class QuantizeError(ValueError):
 
 
 def parse_mode(mode: str | None) -> str | None:
-  """"int8", "int8:G" or "int8:Gz" (G >= 1) -> the mode; None or "none" -> None; anything else:
-  QuantizeError (one line)."""
+  """"int8", "int8:G" or "int8:Gz" (G >= 1), each also as "micro:<mode>" -> the mode; None or
+  "none" -> None; anything else: QuantizeError (one line)."""
   if mode is None or mode == "none":
     return None
-  if mode != "int8" and not (isinstance(mode, str) and _GROUPED.fullmatch(mode)):
+  inner = mode[len(MICRO):] if isinstance(mode, str) and mode.startswith(MICRO) else mode
+  if inner != "int8" and not (isinstance(inner, str) and _GROUPED.fullmatch(inner)):
     raise QuantizeError(f"quantize must be one of {', '.join(MODES)} (G: a group size along "
-                        f"the input width, e.g. int8:64; z: a zero point per group), got {mode!r}.")
+                        f"the input width, e.g. int8:64; z: a zero point per group; micro: the "
+                        f"drafter's weights only, e.g. micro:int8), got {mode!r}.")
   return mode
 
 
+def drafter_only(mode: str | None) -> bool:
+  """Whether `mode` ("micro:<mode>") quantizes the drafter alone (`quantize_drafter`)."""
+  return (parse_mode(mode) or "").startswith(MICRO)
+
+
+def _grouped(mode: str | None):                     # "int8:G(z)", also after "micro:"
+  return _GROUPED.fullmatch((parse_mode(mode) or "").removeprefix(MICRO))
+
+
 def group_size(mode: str | None) -> int | None:
-  """The G of "int8:G" / "int8:Gz"; None for "int8", "none" and None (QuantizeError for another
-  mode)."""
-  match = _GROUPED.fullmatch(parse_mode(mode) or "")
+  """The G of "int8:G" / "int8:Gz" (also after "micro:"), else None (QuantizeError: no mode)."""
+  match = _grouped(mode)
   return int(match.group(1)) if match else None
 
 
 def has_zero(mode: str | None) -> bool:
   """Whether `mode` ("int8:Gz") gives Dense kernels a zero point per group."""
-  match = _GROUPED.fullmatch(parse_mode(mode) or "")
-  return bool(match and match.group(2))
+  return bool((match := _grouped(mode)) and match.group(2))
 
 
 def _min_max_zero(w, reduce: tuple[int, ...]):
@@ -258,10 +252,37 @@ def apply_mode(params, cfg, mode: str | None, blocks: bool | None = None):
   TPU)."""
   if parse_mode(mode) is None:
     return params
+  if drafter_only(mode):
+    return quantize_drafter(params, group_size(mode), has_zero(mode))
   out = quantize_params(params, cfg, group_size(mode), has_zero(mode))
   if jax.default_backend() == "tpu" if blocks is None else blocks:
     return int8_table.block_tables(out)
   return out
+
+
+def quantize_drafter(params, group: int | None = None, zero: bool = False) -> dict:
+  """HAMburger params -> the same tree with only what drafts read quantized: the micro decoder's
+  Dense kernels (as `quantize_params`) and a draft vocabulary's head rows (`quantize_draft_rows`).
+  The base and the embedder stay as given, so verified decoding still commits the base's own
+  tokens. Params without a micro decoder (a plain Llama) come back unchanged."""
+  if "micro_decoder" not in params:
+    return params
+  params = flax.core.unfreeze(params)
+  micro = {"micro_decoder": params["micro_decoder"]}
+  if group is not None:
+    check_group(micro, group)
+  out = {**params, **_quantize_dict(micro, "", group, zero and group is not None)}
+  if "draft" in params:
+    out["draft"] = quantize_draft_rows(params["draft"])
+  return out
+
+
+def quantize_draft_rows(draft: dict) -> dict:
+  """A draft vocabulary's params, the table [K + R, D] int8 with a DRAFT_TABLE_SCALE [K + R]."""
+  if getattr(draft["table"], "dtype", None) == jnp.int8:
+    return draft
+  table, scale = _quantize_jit(draft["table"], 0, None)
+  return {**draft, "table": table, DRAFT_TABLE_SCALE: scale}
 
 
 def is_quantized(params) -> bool:

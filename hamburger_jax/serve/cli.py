@@ -104,8 +104,9 @@ class ServeArgs:
              "the KV buffers and the compile time")
   quantize: str = _flag("none", "weights decoding reads: 'none' (as stored), 'int8' (int8 with "
                                 "per-channel scales), 'int8:G' (a scale per group of G inputs, "
-                                "e.g. int8:64) or 'int8:Gz' (and a zero point: int8:32z keeps "
-                                "the shipped base's 4-bit weights exactly), quantized once at load")
+                                "e.g. int8:64), 'int8:Gz' (and a zero point: int8:32z keeps "
+                                "the shipped base's 4-bit weights exactly) or 'micro:<mode>' (the "
+                                "drafter alone, e.g. micro:int8), quantized once at load")
   mesh: str = _flag("", "decode one model over a device mesh, e.g. 'tensor=4' or "
                         "'data=2,tensor=4' (their product = the devices; '' = one device)")
   kv_cache: str = _flag("model", "what the KV buffers store: 'model' (the model's dtype) or "

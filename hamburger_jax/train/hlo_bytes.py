@@ -11,10 +11,11 @@ optimized HLO the way XLA TPU's cost analysis counts (`xla_once`; within 0.5% of
 the 1B decode loops, checked by tests/train/test_hlo_bytes.py): an op reads its operands and
 writes its output at their layout-padded sizes (bf16[.., 64] tiled 8 x 128 takes the bytes of
 [.., 128]); a fusion reads of a parameter only what its slices and gathers take, one whose root
-is a dynamic-update-slice writes only the update (in place); an async copy or slice into or out
-of on-chip VMEM (`copy-start` / `slice-start`, memory space S(1): XLA TPU's prefetches and
-evictions) counts what it moves twice, once more at its `copy-done` (its `slice-done`: the
-write); bitcasts (and `ConcatBitcast`), tuples and parameters move nothing.
+is a dynamic-update-slice or scatter (or a nested fusion with such a root) writes only the
+update (in place); an async copy or slice into or out of on-chip VMEM (`copy-start` /
+`slice-start`, memory space S(1): XLA TPU's prefetches and evictions) counts what it moves
+twice, once more at its `copy-done` (its `slice-done`: the write); bitcasts (and
+`ConcatBitcast`), tuples and parameters move nothing.
 
 XLA's figure counts traffic that never reaches HBM: the VMEM side of each prefetch and the
 kernels' reads of the prefetched copy. `hbm` counts only the arrays in HBM (memory space 0):
@@ -123,17 +124,27 @@ class _Program:
         users[o].append((n, k))
     relayouts = {n for n, i in instrs.items() if i[1] == "fusion" and self._relayout(
         _attr(i[3], r"calls=%([\w.\-]+)"))}
-    reads = {index: _param_read(instrs, users, p, relayouts) for p, index in params.items()}
+    # Nested fusions whose root updates one of their operands in place: (name, operand) -> update.
+    nested = {}
+    for n, i in instrs.items():
+      if i[1] == "fusion":
+        for operand, update in self.fused(_attr(i[3], r"calls=%([\w.\-]+)")).inplace.values():
+          nested[(n, operand)] = update
+    reads = {index: _param_read(instrs, users, p, relayouts, nested)
+             for p, index in params.items()}
     root_name, root = list(instrs.items())[-1]
     inplace = {}
     for k, out in enumerate([root_name] if root[1] != "tuple" else _names(root[2])):
       out = _through_bitcasts(instrs, out)
       opcode, ops = instrs[out][1], _names(instrs[out][2])
+      updated = [(j, b) for (n, j), b in nested.items() if n == out]
       if opcode in ("dynamic-update-slice", "scatter"):
-        target = _through_bitcasts(instrs, ops[0])
-        update = ops[-1 if opcode == "scatter" else 1]
-        if instrs[target][1] == "parameter":
-          inplace[k] = (params[target], shape_bytes(instrs[update][0]))
+        updated = [(0, shape_bytes(instrs[ops[-1 if opcode == "scatter" else 1]][0]))]
+      elif opcode != "fusion" or len(updated) != 1:
+        continue
+      target = _through_bitcasts(instrs, ops[updated[0][0]])
+      if instrs[target][1] == "parameter":
+        inplace[k] = (params[target], updated[0][1])
     moves = all(i[1] in _MOVES or not re.search(r"\[\d", i[0]) for i in instrs.values())
     self._fused[comp] = _Fused(reads, inplace, moves)
     return self._fused[comp]
@@ -152,17 +163,18 @@ def _through_bitcasts(instrs, name):
   return name
 
 
-def _param_read(instrs, users, name, relayouts=frozenset()) -> float:
+def _param_read(instrs, users, name, relayouts=frozenset(), nested=None) -> float:
   """Bytes a fused parameter is read for: what its slices take, else all of it once (through
-  bitcasts and `relayouts`, nested fusions that only re-tile it)."""
+  bitcasts and `relayouts`, nested fusions that only re-tile it; not what a (nested) update
+  writes in place)."""
   total, shared = 0.0, False
   for user, k in users[name]:
     opcode = instrs[user][1]
     if (opcode == "bitcast" or user in relayouts) and users[user]:
-      total += _param_read(instrs, users, user, relayouts)
+      total += _param_read(instrs, users, user, relayouts, nested)
     elif opcode == "slice" or (opcode in ("dynamic-slice", "gather") and k == 0):
       total += shape_bytes(instrs[user][0])
-    elif opcode in ("dynamic-update-slice", "scatter") and k == 0:
+    elif (opcode in ("dynamic-update-slice", "scatter") and k == 0) or (user, k) in (nested or {}):
       continue                                     # updated in place: not read
     elif not shared:
       shared, total = True, total + shape_bytes(instrs[name][0])

@@ -19,7 +19,8 @@ from hamburger_jax.model import quantize as q
 from hamburger_jax.model.llama import LlamaModel
 from hamburger_jax.serve import cli as serve_cli
 from hamburger_jax.testing.fixtures import make_tiny_checkpoint
-from tests.decode.helpers import check_against_teacher_forcing, small_model, small_sampler
+from tests.decode.helpers import (CACHE_LENGTH, OUT_LENGTH, check_against_teacher_forcing,
+                                  drafting_model, small_model, small_sampler)
 
 PROMPTS = [np.random.default_rng(i).integers(0, 256, 5).tolist() for i in range(4)]
 
@@ -83,20 +84,48 @@ def test_draft_rows_come_from_int8_weights():
 def test_a_bad_mode_is_one_clear_error(tmp_path):
   cfg, params = small_model(0)
   with pytest.raises(DecodeInputError, match="quantize must be one of none, int8, int8:G, "
-                                             "int8:Gz .*, got 'int4'"):
+                                             "int8:Gz, micro:<mode> .*, got 'int4'"):
     Sampler(cfg, params, cache_length=8, quantize="int4")
   err = io.StringIO()
   code = run(DecodeArgs(ckpt=str(tmp_path), prompt="1,2", token_ids=True, quantize="fp8"),
              stdout=io.StringIO(), stderr=err)
   assert code == 2
-  assert err.getvalue() == ("error: --quantize must be one of none, int8, int8:G, int8:Gz (G: a "
-                            "group size along the input width, e.g. int8:64; z: a zero point per "
-                            "group), got 'fp8'.\n")
+  assert err.getvalue() == ("error: --quantize must be one of none, int8, int8:G, int8:Gz, "
+                            "micro:<mode> (G: a group size along the input width, e.g. int8:64; "
+                            "z: a zero point per group; micro: the drafter's weights only, e.g. "
+                            "micro:int8), got 'fp8'.\n")
   with pytest.raises(UsageError, match="--quantize must be one of none, int8, int8:G, "
-                                       "int8:Gz .*, got 'int4'"):
+                                       "int8:Gz, micro:<mode> .*, got 'int4'"):
     serve_cli.check_args(serve_cli.parse_args(["--ckpt", str(tmp_path), "--quantize", "int4"]))
   serve_cli.check_args(serve_cli.parse_args(["--ckpt", str(tmp_path), "--quantize", "int8"]))
   serve_cli.check_args(serve_cli.parse_args(["--ckpt", str(tmp_path), "--quantize", "int8:64"]))
+  serve_cli.check_args(serve_cli.parse_args(["--ckpt", str(tmp_path), "--quantize",
+                                             "micro:int8"]))
+  with pytest.raises(DecodeInputError, match="got 'micro:int4'"):
+    Sampler(cfg, params, cache_length=8, quantize="micro:int4")
+
+
+def test_an_int8_drafter_leaves_the_base_and_its_verified_answers_as_they_were():
+  """quantize "micro:int8": the micro decoder's kernels and the draft rows are int8, the base is
+  the same arrays, and verified greedy decoding still gives the base's tokens, drafts accepted."""
+  cfg, params = drafting_model()
+  ids = np.random.default_rng(0).permutation(256)
+  kw = dict(cache_length=CACHE_LENGTH, out_length=OUT_LENGTH)
+  verified = Sampler(cfg, params, verify=True, draft_vocab=ids, quantize="micro:int8", **kw)
+  p = verified.params
+  for want, got in zip(jax.tree.leaves(params["base"]), jax.tree.leaves(p["base"])):
+    assert got.dtype == want.dtype and np.array_equal(np.asarray(got), np.asarray(want))
+  kernels = [x for path, x in jax.tree_util.tree_leaves_with_path(p["micro_decoder"])
+             if "kernel" in jax.tree_util.keystr(path) and x.ndim == 2]
+  assert sum(x.dtype == jnp.int8 for x in kernels) == 7 * cfg.num_micro_layers   # q k v o, mlp
+  assert p["draft"]["table"].dtype == jnp.int8
+  assert p["draft"][q.DRAFT_TABLE_SCALE].shape == (p["draft"]["table"].shape[0],)
+  prompts = [[1, 5, 7], [3, 9, 11, 2, 4], [7], [100, 3]]
+  want = Sampler(cfg, params, base=True, **kw).decode(prompts, max_new_tokens=24)
+  got = verified.decode(prompts, max_new_tokens=24, confidence=0.5)
+  assert got.tokens == want.tokens
+  reached, accepted = got.draft_counts
+  assert 0 < sum(accepted) < sum(reached)
 
 
 @pytest.mark.slow

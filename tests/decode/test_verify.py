@@ -197,6 +197,26 @@ def test_accept_sampled_follows_the_rule():
   assert 200 - counts.sum() == pytest.approx(50, abs=25)        # ~1/4 accepted
 
 
+def test_accept_sampled_reads_a_draft_vocabulary_as_its_spread_distribution():
+  """q over a draft vocabulary (q_k [B, S, K], ids [K]) decides as q spread over all V ids."""
+  v, ids = 12, jnp.array([9, 2, 5, 0, 7])
+  ks = jax.random.split(jax.random.PRNGKey(3), 3)
+  p = jax.nn.softmax(jax.random.normal(ks[0], (4, 3, v)), axis=-1)
+  q_k = jax.nn.softmax(2.0 * jax.random.normal(ks[1], (4, 3, ids.size)), axis=-1)
+  q = jnp.zeros((4, 3, v)).at[:, :, ids].set(q_k)
+  pending = jnp.concatenate([jnp.full((4, 1), 3), ids[jax.random.randint(ks[2], (4, 2), 0, 5)]],
+                            axis=1)
+  outcomes = set()
+  for seed in range(40):
+    keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.PRNGKey(seed), i))(jnp.arange(4))
+    full = verify.accept_sampled(p, q, pending, jnp.array([2, 2, 1, 0]), keys)
+    compact = verify.accept_sampled(p, (q_k, ids), pending, jnp.array([2, 2, 1, 0]), keys)
+    for a, b in zip(full, compact):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    outcomes.update(int(a) for a in full[0])
+  assert outcomes == {0, 1, 2}                       # rejections and acceptances both seen
+
+
 def test_processed_probs_are_one_hot_for_greedy_rows():
   logits = jnp.array([[0.0, 2.0, 1.0], [0.0, 2.0, 1.0]])
   sampling = SamplingParams(jnp.array([0.0, 1.0]), jnp.array([0, 2]), jnp.array([1.0, 1.0]))

@@ -115,10 +115,31 @@ def test_modes_and_the_shape_check(model):
   assert q.group_size("int8:32z") == 32 and q.has_zero("int8:32z") and not q.has_zero("int8:32")
   for bad in ("int4", "int8:0", "int8:", "int8:x", "int8:-2", "int8:z", "int8:32zz"):
     with pytest.raises(q.QuantizeError, match="quantize must be one of none, int8, int8:G, "
-                                              "int8:Gz "
+                                              "int8:Gz, micro:<mode> "
                                               rf"\(G: .*\), got '{bad}'"):
       q.parse_mode(bad)
   assert q.apply_mode(params, cfg, "none") is params
+  assert q.drafter_only("micro:int8:32z") and not q.drafter_only("int8:32z")
+  assert q.group_size("micro:int8:32z") == 32 and q.has_zero("micro:int8:32z")
+  for bad in ("micro:", "micro:int4", "micro:micro:int8"):
+    with pytest.raises(q.QuantizeError, match=f"got '{bad}'"):
+      q.parse_mode(bad)
+
+
+def test_the_drafter_alone(model):
+  """"micro:int8": the micro decoder's kernels int8 as "int8" makes them, the rest the same
+  arrays; a plain Llama's params (no drafter) unchanged; a group the micro widths refuse."""
+  cfg, params = model
+  got = q.apply_mode(params, cfg, "micro:int8")
+  whole = q.quantize_params(params, cfg)
+  for name in params:
+    want = whole if name == "micro_decoder" else params
+    for a, b in zip(jax.tree.leaves(want[name]), jax.tree.leaves(got[name])):
+      assert a.dtype == b.dtype and np.array_equal(np.asarray(a), np.asarray(b)), name
+  assert q.is_quantized(got["micro_decoder"]) and not q.is_quantized(got["base"])
+  assert q.apply_mode(params["base"], cfg.base, "micro:int8") is params["base"]
+  with pytest.raises(q.QuantizeError, match="micro_decoder/.* use a G that divides"):
+    q.apply_mode(params, cfg, "micro:int8:7")
   with pytest.raises(ValueError, match="embedding"):
     q.quantize_params(params, dataclasses.replace(cfg.base, vocab_size=7))
 

@@ -96,3 +96,22 @@ def test_a_relayout_fused_into_a_slice_reads_only_the_slice():
   report = hlo_bytes.attribute(text)
   table = 1024 * 32 * 2048
   assert report["hbm"] < 0.01 * table and xla < 0.01 * table, (report["hbm"], xla)
+
+
+def test_an_update_in_place_nested_in_a_fusion_writes_only_the_update():
+  """KV entries written at per-row slots, converted on the way: XLA TPU nests the scatter's
+  fusion inside the convert's, the output aliasing the buffer; like a top-level in-place update,
+  only the update is read and written, not the 4 MB buffer."""
+  device = aot.topology_devices("v5e:2x2", 1)[0]
+  on_chip = lambda shape, dtype: jax.ShapeDtypeStruct(
+      shape, dtype, sharding=jax.sharding.SingleDeviceSharding(device))
+  write = lambda buf, slot, new: buf.at[slot[0] + jnp.arange(4)].set(
+      new[0].astype(buf.dtype), mode="drop")
+  compiled = jax.jit(write, donate_argnums=0).lower(
+      on_chip((4096, 512), jnp.bfloat16), on_chip((1,), jnp.int32),
+      on_chip((1, 4, 512), jnp.float32)).compile()
+  text = compiled.as_text()
+  root = next(line for line in text.splitlines() if line.strip().startswith("ROOT %scatter_"))
+  assert "fusion(" in root                               # the scatter is a nested fusion's root
+  report = hlo_bytes.attribute(text)
+  assert report["hbm"] < 0.01 * 4096 * 512 * 2, report["hbm"]
