@@ -102,6 +102,10 @@ def main(argv=None):
       parser.error(str(e))
 
   t0 = time.time()
+  try:
+    draft_vocab.check_exists(args.draft_vocab)
+  except draft_vocab.DraftVocabError as e:
+    parser.error(f"--draft_vocab: {e}")
   cfg, params, tok, base_cfg = smollm2.load_shipped(args.asset_dir)
   items = heldout_prompts(args.num_prompts, args.prompt_set)
   prompts = [tok.encode(p["prompt"], chat=True, system=smollm2.SYSTEM_PROMPT) for p in items]

@@ -134,6 +134,7 @@ def format_table(rows) -> str:
 
 def load(args):
   """-> (cfg, params on the device, draft ids or None). Raises draft_vocab.DraftVocabError."""
+  draft_vocab.check_exists(args.draft_vocab or None)
   cfg, params, _, _ = smollm2.load_shipped(args.asset_dir)
   draft_ids = (draft_vocab.load(args.draft_vocab, cfg.base.vocab_size) if args.draft_vocab
                else None)

@@ -209,9 +209,12 @@ def format_table(result) -> str:
 def load(args):
   """-> (cfg, params on the device, tokenizer, base config, drafts: ids or None per
   --draft_vocabs entry). Raises draft_vocab.DraftVocabError."""
+  names = args.draft_vocabs.split(",")
+  for name in names:
+    draft_vocab.check_exists(None if name == "shipped" else name)
   cfg, params, tok, base_cfg = smollm2.load_shipped(args.asset_dir)
   drafts = [draft_vocab.resolve(None if name == "shipped" else name, args.asset_dir,
-                                cfg.base.vocab_size) for name in args.draft_vocabs.split(",")]
+                                cfg.base.vocab_size) for name in names]
   return cfg, jax.device_put(params), tok, base_cfg, drafts   # one copy, shared by every engine
 
 

@@ -86,8 +86,7 @@ def load(path: str, vocab_size: int | None = None) -> np.ndarray:
     with open(path) as f:
       record = json.load(f)
   except FileNotFoundError:
-    raise DraftVocabError(f"no draft vocabulary at {path}: pass an existing file, or 'full' "
-                          f"for the whole vocabulary.") from None
+    raise _missing(path) from None
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
     raise DraftVocabError(f"{path} is not a draft vocabulary (invalid JSON: {e}); rewrite it "
                           f"with hamburger_jax.decode.draft_vocab.save.") from None
@@ -98,6 +97,18 @@ def load(path: str, vocab_size: int | None = None) -> np.ndarray:
   if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
     raise DraftVocabError(f"{path}: 'ids' must be a list of integers.")
   return check(ids, vocab_size if vocab_size is not None else max(ids, default=0) + 1)
+
+
+def _missing(path: str) -> DraftVocabError:
+  return DraftVocabError(f"no draft vocabulary at {path}: pass an existing file, or 'full' for "
+                         f"the whole vocabulary.")
+
+
+def check_exists(choice: str | None) -> None:
+  """DraftVocabError unless `choice` (as `resolve` takes it) is None, "full" or an existing file:
+  checked before any weights load."""
+  if choice not in (None, "full") and not os.path.isfile(choice):
+    raise _missing(choice)
 
 
 def resolve(choice: str | None, ckpt_dir: str | None, vocab_size: int) -> np.ndarray | None:

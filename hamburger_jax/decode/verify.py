@@ -222,6 +222,14 @@ def draft_after(engine, params, feats, first, st: ds.DecodeState, keys, running)
 
 # --- one verified step ---------------------------------------------------------------------------
 
+def forward_slots(slot, active):
+  """The KV slot [B] of each row's first input: finished and free rows take the lowest running
+  row's (in their own dead buffer row), so the attention reads only the KV blocks the running
+  rows fill and places the new entries only from the lowest one's block on (`kv_attention`)."""
+  low = jnp.min(jnp.where(active, slot, jnp.iinfo(slot.dtype).max))
+  return jnp.where(active, slot, jnp.where(jnp.any(active), low, 0))
+
+
 def forward_widths(max_steps: int) -> tuple[int, ...]:
   """The static widths a verify forward runs at: 1, 2, 4, .. up to S (the batch's longest
   pending input picks the smallest that holds it, so a step without drafts costs a plain one)."""
@@ -242,7 +250,7 @@ def _check_width(engine, params, width: int, st: ds.DecodeState, pending, num_dr
   pending = pending[:, :width]
   positions = st.position[:, None] + jnp.arange(width, dtype=jnp.int32)[None, :]
   features, entries = model.forward_unmerged(params, pending, positions, st.cache,
-                                             jnp.where(active, st.slot, 0))
+                                             forward_slots(st.slot, active))
   logits = model.heads(params, features[:, :, -1].reshape(b * width, -1))[0]
   logits = logits.reshape(b, width, -1).astype(jnp.float32)
   sampling = st.knobs.sampling
@@ -282,7 +290,7 @@ def _check_tree(engine, params, tree: DraftTree, nodes, proposed, st: ds.DecodeS
   b = nodes.shape[0]
   positions = st.position[:, None] + jnp.asarray(tree.depth)[None, :]
   features, entries = model.forward_unmerged(params, nodes, positions, st.cache,
-                                             jnp.where(active, st.slot, 0), tree.mask)
+                                             forward_slots(st.slot, active), tree.mask)
   logits = model.heads(params, features[:, :, -1].reshape(b * tree.size, -1))[0]
   logits = logits.reshape(b, tree.size, -1).astype(jnp.float32)
   sampling = st.knobs.sampling
@@ -356,7 +364,7 @@ def verify_step(engine, params, st: ds.DecodeState) -> ds.DecodeState:
     reach = num_drafts
   feats, entries, accepted, nxt, flags, tokens, tok_logprob, tok_logit = jax.lax.switch(
       width, branches, st, pending, num_drafts, active, keys)
-  cache = write_entries(st.cache, entries, jnp.where(active, st.slot, 0))
+  cache = write_entries(st.cache, entries, forward_slots(st.slot, active))
   budget = st.knobs.max_new_tokens - st.num_out
   length, hit_eos, hit_stop = _cut(tokens, accepted + 1, st.knobs, budget)
   length = jnp.where(active, length, 0)

@@ -22,6 +22,8 @@ ancestors and itself), not the causal prefix.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -75,7 +77,7 @@ def cached_attention(q, layer, cache_slots, block: int = KV_BLOCK, new=None, blo
   query_slot = cache_slots[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]        # [B, T]
   num_blocks = jnp.clip(jnp.max(query_slot) // block + 1, 1, -(-length // block))
 
-  def body(j, carry):
+  def body(j, carry, overlay: bool):
     # The last block is shifted back to end at L; slots an earlier block covered are masked.
     start = jnp.minimum(j * block, length - block)
     idx = start + jnp.arange(block, dtype=jnp.int32)
@@ -88,7 +90,7 @@ def cached_attention(q, layer, cache_slots, block: int = KV_BLOCK, new=None, blo
     blk = {name: jax.lax.dynamic_slice_in_dim(x, start, block, axis=slot_axis(name))
            for name, x in layer.items()}
     blk = {name: x.swapaxes(1, 2) if name in SCALES else x for name, x in blk.items()}
-    if new is not None:
+    if overlay:
       blk = {name: _overlay(x, idx, new[name], cache_slots) for name, x in blk.items()}
     scales = (blk["k_scale"], blk["v_scale"]) if "k_scale" in blk else None
     values = (lambda x: x) if scales is None else unpack
@@ -99,7 +101,15 @@ def cached_attention(q, layer, cache_slots, block: int = KV_BLOCK, new=None, blo
   stats = qg.shape[:4]
   init = (jnp.full(stats, NEG_INF, jnp.float32), jnp.zeros(stats, jnp.float32),
           jnp.zeros(qg.shape, jnp.float32))
-  _, l, acc = jax.lax.fori_loop(0, num_blocks, body, init)
+  # With new entries, the blocks before the lowest row's first new slot are read as stored
+  # (the same numbers: the overlay changes nothing there) and only the rest take the overlay,
+  # which a TPU writes out per block.
+  first = num_blocks if new is None else jnp.minimum(jnp.min(cache_slots) // block, num_blocks)
+  carry = jax.lax.fori_loop(0, first, functools.partial(body, overlay=False), init)
+  if new is not None:
+    with jax.named_scope("new_entries"):
+      carry = jax.lax.fori_loop(first, num_blocks, functools.partial(body, overlay=True), carry)
+  _, l, acc = carry
   # Slot 0 is visible to every query, so l > 0 (the guard only keeps stray rows finite).
   out = acc / jnp.maximum(l, jnp.finfo(jnp.float32).tiny)[..., None]
   return out.reshape(b, t, n, h).astype(q.dtype)

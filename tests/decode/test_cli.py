@@ -56,6 +56,12 @@ def test_token_ids_json_end_to_end(ckpt):
   assert stats["prompt_tokens"] == 3 and stats["new_tokens"] == len(row["tokens"])
   assert stats["macro_steps"] == len(row["groups"]) and stats["mode"] == "hamburger"
   assert stats["compile_s"] > 0
+  assert stats["kv_slots_used"] == stats["prompt_tokens"] + stats["macro_steps"] - 1
+  code, text, err = _run(ckpt=ckpt, token_ids=True, prompt="1,5,7", json=True, compare_base=True,
+                         max_new_tokens=12, confidence=0.5)
+  assert code == 0, err
+  assert set(json.loads(text)["stats"]["base"]) >= {"decode_tokens_per_s", "speed_ratio",
+                                                   "kv_slots", "token_agreement"}
   # The CLI decodes exactly what the library decodes.
   _, cfg, params = load_model(ckpt)
   ref = Sampler(cfg, params, cache_length=64, out_length=64).decode(

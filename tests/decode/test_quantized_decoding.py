@@ -126,6 +126,9 @@ def test_an_int8_drafter_leaves_the_base_and_its_verified_answers_as_they_were()
   assert got.tokens == want.tokens
   reached, accepted = got.draft_counts
   assert 0 < sum(accepted) < sum(reached)
+  loop = next(exe for (name, _), exe in verified.executables._compiled.items() if name == "loop")
+  entry = next(line for line in loop.as_text().splitlines() if line.startswith("ENTRY"))
+  assert entry.count("s8[") == sum(x.dtype == jnp.int8 for x in jax.tree.leaves(p))  # read as int8
 
 
 @pytest.mark.slow

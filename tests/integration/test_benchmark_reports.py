@@ -176,7 +176,6 @@ def test_step_costs_macro_step_rejects_bad_counts(capsys):
     ("decode_speed", ["--engine", "batch,continuous", "--draft_vocabs",
                       "full,/nonexistent/draft.json"]),
     ("step_costs", ["--what", "batch", "--draft_vocab", "/nonexistent/draft.json"])])
-@pytest.mark.slow
 def test_benchmarks_reject_a_missing_draft_vocabulary(capsys, module, argv):
   bench = importlib.import_module(f"benchmarks.{module}")
   with pytest.raises(SystemExit):
