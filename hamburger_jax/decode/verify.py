@@ -274,10 +274,11 @@ def _outputs(logits, pending, accepted, nxt):
   """The committed tokens [B, W] of a chain's inputs pending [B, W] and the base's logits after
   them [B, W, V] -> (tokens, their log-probs, their logits), each [B, W]."""
   tokens = _committed(pending, accepted, nxt)
-  logp = jax.nn.log_softmax(logits, axis=-1)
-  tok_logprob = jnp.take_along_axis(logp, tokens[..., None], axis=2)[..., 0]
   tok_logit = jnp.take_along_axis(logits, tokens[..., None], axis=2)[..., 0]
-  return tokens, tok_logprob, tok_logit
+  # log_softmax's arithmetic at the picked entries only (no [B, W, V] log-probs written out).
+  top = jnp.max(logits, axis=-1)
+  log_norm = jnp.log(jnp.sum(jnp.exp(logits - top[..., None]), axis=-1))
+  return tokens, (tok_logit - top) - log_norm, tok_logit
 
 
 def _check_tree(engine, params, tree: DraftTree, nodes, proposed, st: ds.DecodeState, pending,
