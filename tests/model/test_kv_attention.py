@@ -73,15 +73,17 @@ def test_one_compile_for_every_fill_level():
   assert len(traces) == 1
 
 
-def test_new_entries_overlaid_are_bit_identical_to_entries_written():
+@pytest.mark.parametrize("slots", [[0, 14, 35], [17, 26, 35]])
+def test_new_entries_overlaid_are_bit_identical_to_entries_written(slots):
   """cache_write "returned": the buffer is only read and the new entries are overlaid on the key
-  blocks; the numbers are those of writing them first (row 2 writes past the end: dropped)."""
+  blocks from the lowest row's first new slot on (blocks before it read as stored); the numbers
+  are those of writing them first (row 2 writes past the end: dropped)."""
   from hamburger_jax.model.kv_cache import write_cache
   t = 4
   q, k, v = _inputs(t, seed=2)
   _, k_new, v_new = _inputs(t, seed=3)
   k_new, v_new = k_new[:, :t], v_new[:, :t]
-  slots = jnp.asarray([0, 14, 35], jnp.int32)
+  slots = jnp.asarray(slots, jnp.int32)
   written = cached_attention(q, {"k": write_cache(_flat(k), k_new, slots),
                                  "v": write_cache(_flat(v), v_new, slots)}, slots, block=8)
   overlaid = cached_attention(q, _layer(k, v), slots, block=8, new=_layer(k_new, v_new))
