@@ -226,6 +226,13 @@ def test_decode_speed_verify_engine_refuses_flags_of_other_engines(capsys):
   with pytest.raises(SystemExit):
     decode_speed.parse_args(["--engine", "verify", "--policies", "all"])
   assert "--policies" in capsys.readouterr().err
+  for bad in ("int8", "none,micro:int4"):                   # the base's format is not its flag
+    with pytest.raises(SystemExit):
+      decode_speed.parse_args(["--engine", "verify", "--drafter_quantize", bad])
+    assert "none and/or micro:<mode>" in capsys.readouterr().err
+  args, _ = decode_speed.parse_args(["--engine", "verify", "--drafter_quantize",
+                                     "none,micro:int8:32"])
+  assert args.drafter_quantize == "none,micro:int8:32"
 
 
 def test_tpu_plan_checks_the_quantize_mode(capsys):
