@@ -105,11 +105,12 @@ def _static_rows(args, d, prompts, cache_length, prompt_set) -> list[dict]:
   """`Sampler.decode` over consecutive batches of b prompts, base and verified in rotation."""
   base = Sampler(d.config, d.params, base=True, cache_length=cache_length,
                  out_length=args.max_new_tokens, eos_ids=d.eos_ids)
-  verify = {(rule, steps, k, q): Sampler(d.config, d.params, cache_length=cache_length,
+  verify = {(rule, steps, k, q): Sampler(d.config, apply_mode(d.params, d.config, q),
+                                         cache_length=cache_length,
                                          out_length=args.max_new_tokens, eos_ids=d.eos_ids,
                                          draft_vocab=d.draft_vocab, verify=True,
                                          draft_width_rule=rule, verify_steps=steps,
-                                         draft_branches=k, quantize=q)
+                                         draft_branches=k)
             for rule, steps, k, q in {v[1:] for v in _variants(args, d)}}
   rows = []
   for b in args.batch_sizes:
