@@ -140,6 +140,15 @@ def _on(device, tree):
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=spec), tree)
 
 
+def tpu_decode_engine(model, cache_length: int, **kwargs):
+  """The decode engine as a TPU runs it. Micro-step compaction and skipping unmerged work default
+  to the backend that traces them (`decode/compaction.py`: on for a CPU), and a plan is traced on
+  this CPU host, so both are set to a TPU's choice: off."""
+  from hamburger_jax.decode import loop as lp
+  return lp.DecodeEngine(model, cache_length, cache_length, compact_micro_steps=False,
+                         skip_unmerged=False, **kwargs)
+
+
 def compile_decode_loop(cfg, device, batch: int, cache_length: int, prompt_len: int = 16,
                         base: bool = False, verify: bool = False, inspect=None,
                         quantize: str | None = None, mesh: str | None = None,
@@ -177,8 +186,8 @@ def compile_decode_loop(cfg, device, batch: int, cache_length: int, prompt_len: 
   model = models[0]
   params = jax.eval_shape(lambda p: apply_mode(p, model.llama, quantize, blocks=True), params)
   grid = decode_mesh(mesh, device, model)
-  engine = lp.DecodeEngine(model, cache_length, cache_length, verify=verify, mesh=grid,
-                           kv_cache=kv_cache, draft_branches=draft_branches if verify else 1)
+  engine = tpu_decode_engine(model, cache_length, verify=verify, mesh=grid, kv_cache=kv_cache,
+                             draft_branches=draft_branches if verify else 1)
   knobs = ds.DecodeKnobs.make(batch, confidence=0.8, min_token_prob=0.0,
                               max_new_tokens=cache_length, max_group=engine.max_steps,
                               eos_ids=(), sampling=SamplingParams.greedy())

@@ -228,6 +228,21 @@ def test_the_loop_updates_its_state_in_place():
   assert int(out.num_out[0]) == 4
 
 
+def test_tpu_plans_trace_the_engine_a_tpu_runs():
+  """A TPU plan is traced on this CPU: it must not take the CPU's defaults (micro steps compacted
+  into row buckets at 8 rows, unmerged work skipped by a branch), which a TPU never runs and
+  which XLA TPU compiled into whole-kernel converts (1B int8:32z HAMburger step at batch 8)."""
+  from hamburger_jax.train import aot
+  model = small_sampler(0).engine.model
+  on_this_cpu = loop_lib.DecodeEngine(model, CACHE_LENGTH, CACHE_LENGTH)
+  assert compaction.micro_buckets(on_this_cpu, 8) == (1, 2, 4, 8)
+  assert compaction.skips_unmerged(on_this_cpu)
+  planned = aot.tpu_decode_engine(model, CACHE_LENGTH, verify=False)
+  assert compaction.micro_buckets(planned, 8) == (8,)
+  assert compaction.micro_buckets(planned, 64) == (64,)
+  assert not compaction.skips_unmerged(planned)
+
+
 @pytest.mark.slow
 def test_compacted_micro_steps_give_each_row_the_same_numbers():
   """At 8 rows micro steps run on the continuing rows only, gathered into 1/2/4/8-row buckets."""
