@@ -2,7 +2,7 @@
 
     blocks = to_blocks(q)                  # int8 [V, D] -> [V / 32, 32, D], on a TPU
     rows = take(table, ids)                # the lookup [..., D], either layout
-    logits = grouped_logits(h, flat(table), scale, dtype)   # the tied head, scales per group
+    logits = grouped_logits(h, table, scale, dtype)   # the tied head, scales per group
 
 XLA TPU tiles an int8 array 32 rows deep, and a decode step that gathered single rows of such a
 table (the token embedding's lookup) re-tiled the whole table first, every step: for
@@ -23,6 +23,8 @@ import jax.numpy as jnp
 ROWS = 32                 # rows per block: the depth of XLA TPU's int8 tile
 # grouped_logits' TPU form while rows x groups stays within this (1B head at 8 rows: 512).
 GROUP_PARTIAL_ROWS = 512
+# Beyond them, on a TPU, a chunk of the scaled table holds at most this many bytes.
+CHUNK_BYTES = 8 << 20
 
 
 def is_blocked(table) -> bool:
@@ -64,30 +66,63 @@ def block_tables(tree: dict) -> dict:
 
 
 def grouped_logits(hidden, table, scale, dtype):
-  """hidden [..., D], int8 table [V, D], scale [V, n] (groups of G = D / n along D) -> logits
-  [..., V] float32 = sum_g scale[:, g] * (hidden_g @ table_g.T).
+  """hidden [..., D], int8 table [V, D] or its blocks, scale [V, n] (groups of G = D / n along D)
+  -> logits [..., V] float32 = sum_g scale[:, g] * (hidden_g @ table_g.T).
 
-  On a TPU with few rows (R * n <= GROUP_PARTIAL_ROWS) the hidden rows, spread so that each
-  group's entries have their own row [R * n, D], meet the table in one plain dot whose output XLA
-  scales and sums over groups in the same fusion: the int8 table is read once (1B head: 0.30 GB
-  of HBM against 1.87 GB for the scaled table; docs/results/tpu.md). That dot does n times the
-  FLOPs, which beyond those rows cost more than the bytes saved, and on a CPU always: elsewhere
-  the group-scaled table feeds one dot."""
-  if math.prod(hidden.shape[:-1]) * scale.shape[-1] > GROUP_PARTIAL_ROWS:
+  On a TPU the int8 table is read once per call (docs/results/tpu.md): with few rows (R * n <=
+  GROUP_PARTIAL_ROWS) the hidden rows, spread so that each group's entries have their own row
+  [R * n, D], meet the table in one plain dot whose output XLA scales and sums over groups in the
+  same fusion (n times the FLOPs: 1B head at 1 row 0.30 GB of HBM against 1.87 GB for the scaled
+  table); with more rows a blocked table is scaled and multiplied chunk by chunk, each chunk's
+  scaled rows small enough to stay on chip (1B head at 64 rows: 0.33 GB against 1.9 GB).
+  Elsewhere, and on a CPU always, the group-scaled table feeds one dot."""
+  rows = math.prod(hidden.shape[:-1])
+  if rows * scale.shape[-1] <= GROUP_PARTIAL_ROWS:
+    tpu = _group_partial_logits
+  elif is_blocked(table) and _chunk_rows(table, dtype) < flat(table).shape[0]:
+    tpu = _chunked_logits
+  else:
     return _scaled_table_logits(hidden, table, scale, dtype)
   return jax.lax.platform_dependent(
       hidden, table, scale, default=functools.partial(_scaled_table_logits, dtype=dtype),
-      tpu=functools.partial(_group_partial_logits, dtype=dtype))
+      tpu=functools.partial(tpu, dtype=dtype))
+
+
+def _chunk_rows(table, dtype) -> int:
+  """Rows per chunk of `_chunked_logits`: whole blocks, CHUNK_BYTES of scaled rows at most."""
+  row_bytes = table.shape[-1] * jnp.dtype(dtype).itemsize
+  return max(ROWS, CHUNK_BYTES // row_bytes // ROWS * ROWS)
+
+
+def _chunked_logits(hidden, table, scale, dtype):
+  """The scaled table's dot, CHUNK rows at a time from blocks [V / ROWS, ROWS, D]: a chunk's
+  block slice is read in place, and the last chunk starts early enough to end at V (its
+  overlap recomputes the same logits)."""
+  v, d = flat(table).shape
+  chunk = _chunk_rows(table, dtype)
+  x = hidden.reshape(-1, d)
+
+  def one(i, out):
+    start = jnp.minimum(i * chunk, v - chunk)
+    rows = jax.lax.dynamic_slice_in_dim(table, start // ROWS, chunk // ROWS).reshape(chunk, d)
+    logits = _scaled_table_logits(x, rows, jax.lax.dynamic_slice_in_dim(scale, start, chunk),
+                                  dtype)
+    return jax.lax.dynamic_update_slice_in_dim(out, logits, start, axis=1)
+
+  out = jax.lax.fori_loop(0, -(-v // chunk), one, jnp.zeros((x.shape[0], v), jnp.float32))
+  return out.reshape(hidden.shape[:-1] + (v,))
 
 
 def _scaled_table_logits(hidden, table, scale, dtype):
-  v, d = table.shape
+  v, d = flat(table).shape
+  table = flat(table)
   n = scale.shape[-1]
   scaled = table.reshape(v, n, d // n).astype(dtype) * scale[:, :, None].astype(dtype)
   return jnp.dot(hidden.astype(dtype), scaled.reshape(v, d).T, preferred_element_type=jnp.float32)
 
 
 def _group_partial_logits(hidden, table, scale, dtype):
+  table = flat(table)
   d = table.shape[1]
   n = scale.shape[-1]
   x = hidden.reshape(-1, d).astype(dtype)                                      # [R, D]

@@ -382,9 +382,9 @@ class Embed(nn.Embed):
     scale = self._scale()
     if scale is None:
       return super().attend(query)
-    table = int8_table.flat(self.embedding)
     if scale.ndim == 2:
-      return int8_table.grouped_logits(query, table, scale, self.dtype)
+      return int8_table.grouped_logits(query, self.embedding, scale, self.dtype)
+    table = int8_table.flat(self.embedding)
     out = jnp.dot(query.astype(self.dtype), table.astype(self.dtype).T)
     return out * scale.astype(self.dtype)
 

@@ -219,6 +219,25 @@ def test_both_forms_of_the_grouped_head_give_the_same_logits():
       np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
 
 
+def test_the_chunked_grouped_head_gives_the_same_logits(monkeypatch):
+  """The TPU form for many rows (the scaled table chunk by chunk from blocks, the last chunk
+  overlapping the one before) agrees with the scaled table; on this CPU `grouped_logits` reads
+  a blocked table through the scaled table."""
+  monkeypatch.setattr(int8_table, "CHUNK_BYTES", 64 * 32 * 4)       # 64-row chunks of V = 96
+  rng = np.random.default_rng(5)
+  table = jnp.asarray(rng.integers(-127, 128, size=(96, 32)), jnp.int8)
+  blocks = int8_table.to_blocks(table)
+  scale = jnp.asarray(rng.uniform(1e-3, 1e-2, size=(96, 4)), jnp.float32)
+  assert int8_table._chunk_rows(blocks, jnp.float32) == 64
+  for lead in ((1,), (40,), (2, 5)):
+    hidden = jnp.asarray(rng.normal(size=lead + (32,)), jnp.float32)
+    want = int8_table._scaled_table_logits(hidden, table, scale, jnp.float32)
+    for form in (int8_table._chunked_logits, int8_table.grouped_logits):
+      got = jax.jit(form, static_argnums=3)(hidden, blocks, scale, jnp.float32)
+      assert got.shape == lead + (96,)
+      np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-6)
+
+
 def test_plain_int8_is_per_channel_as_before(model):
   w = np.random.default_rng(2).standard_t(3, size=(64, 40)).astype(np.float32)
   for axis in (1, 0):
