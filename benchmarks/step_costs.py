@@ -9,6 +9,7 @@ r"""What the pieces of a decode step cost, one measurement per run (picked by --
     python -m benchmarks.step_costs --what few_rows_head  # LM head at 1..32 rows
     python -m benchmarks.step_costs --what few_rows_head --rows 2,8 --repeats 50
     python -m benchmarks.step_costs --what verify_widths  # a verified forward at widths 1, 2, 4
+    python -m benchmarks.step_costs --what greedy_pick    # argmax over the vocabulary, two forms
 
   batch          one micro prefill + micro step of the shipped model at B rows when k continue,
                  on all B rows and on the k gathered (benchmarks/costs/batch.py)
@@ -17,9 +18,12 @@ r"""What the pieces of a decode step cost, one measurement per run (picked by --
   few_rows_head  the LM head at few rows, XLA's dot vs `layers.attend_rows` (costs/few_rows_head.py)
   verify_widths  a verified step's base forward and LM head at widths 1, 2, 4, B 1, 8, 32
                  (costs/verify_widths.py; decode/draft_width.py's CPU_COSTS)
+  greedy_pick    a greedy pick over the vocabulary: jnp.argmax vs `sampling.greedy_tokens`
+                 (costs/greedy_pick.py)
 Settings are timed in rotation and the median reported. Prints the JSON and a markdown table and
 writes the JSON (with "provenance": command, commit, date, machine) to
-docs/results/data/step_costs/{batch_costs,macro_step_costs,few_rows_head,verify_widths}.json
+docs/results/data/step_costs/{batch_costs,macro_step_costs,few_rows_head,verify_widths,
+greedy_pick}.json
 unless --out.
 """
 
@@ -36,11 +40,13 @@ GROUPS = {            # flags that apply to one measurement only (dest: default)
     "macro_step": {"chunk_steps": 4, "num_prompts": 64},
     "few_rows_head": {"rows": [1, 2, 4, 8, 12, 16, 32], "vocab": 49152, "hidden": 576},
     "verify_widths": {},
+    "greedy_pick": {},
 }
 DEFAULTS = {"batch": dict(batch_sizes=[8, 32], repeats=15, out="batch_costs.json"),
             "macro_step": dict(batch_sizes=[1, 8, 32], repeats=7, out="macro_step_costs.json"),
             "few_rows_head": dict(repeats=30, out="few_rows_head.json"),
-            "verify_widths": dict(batch_sizes=[1, 8, 32], repeats=15, out="verify_widths.json")}
+            "verify_widths": dict(batch_sizes=[1, 8, 32], repeats=15, out="verify_widths.json"),
+            "greedy_pick": dict(repeats=30, out="greedy_pick.json")}
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -54,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--batch_sizes", type=positive_ints, default=None,
                  help="batch 8,32; macro_step 1,8,32")
   p.add_argument("--repeats", type=int, default=None,
-                 help="timed rounds (batch 15, macro_step 7, few_rows_head 30)")
+                 help="timed rounds (batch 15, macro_step 7, few_rows_head and greedy_pick 30)")
   p.add_argument("--asset_dir", default=None, help="the shipped model's weights (default: the "
                  "package's; batch and macro_step)")
   p.add_argument("--out", default=None, help="the JSON ('' = print only; default under "
@@ -79,15 +85,15 @@ def parse_args(argv=None):
   parser = build_parser()
   args = parser.parse_args(argv)
   check_flag_groups(parser, args, GROUPS, args.what)
-  if args.what == "few_rows_head" and (args.batch_sizes or args.asset_dir):
-    parser.error("--batch_sizes and --asset_dir do not apply to --what few_rows_head.")
+  if args.what in ("few_rows_head", "greedy_pick") and (args.batch_sizes or args.asset_dir):
+    parser.error(f"--batch_sizes and --asset_dir do not apply to --what {args.what}.")
   for dest, default in DEFAULTS[args.what].items():
     if getattr(args, dest) is None:
       setattr(args, dest, os.path.join(results_dir("step_costs"), default) if dest == "out"
               else default)
   if args.what == "macro_step" and min(args.repeats, args.chunk_steps, args.num_prompts) < 1:
     parser.error("--repeats, --chunk_steps and --num_prompts must be >= 1.")
-  if args.what != "few_rows_head":
+  if args.what not in ("few_rows_head", "greedy_pick"):
     from hamburger_jax.shipped import smollm2  # pylint: disable=import-outside-toplevel
     args.asset_dir = args.asset_dir or smollm2.ASSET_DIR
   return parser, args
@@ -105,6 +111,9 @@ def measure(parser, args) -> tuple[dict, str]:
   if args.what == "verify_widths":
     from benchmarks.costs import verify_widths
     return verify_widths.measure(args)
+  if args.what == "greedy_pick":
+    from benchmarks.costs import greedy_pick
+    return greedy_pick.measure(args)
   from benchmarks.costs import batch
   from hamburger_jax.decode import draft_vocab
   try:

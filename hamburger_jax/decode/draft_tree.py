@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hamburger_jax.decode import sampling
 
 MAX_BRANCHES = 8
 
@@ -108,7 +109,7 @@ class DraftTree:
   def accept_greedy(self, logits, pending, proposed):
     """The base's logits [B, N, V] after each input -> (best node [B]: the deepest accepted one,
     the lowest chain first; accepted drafts [B] (its depth); the base's token after it [B])."""
-    g = jnp.argmax(logits, axis=-1).astype(jnp.int32)                    # [B, N]
+    g = sampling.greedy_tokens(logits)                                  # [B, N]
     ok = proposed & (pending == g[:, self.parent])
     accepted = [jnp.ones(pending.shape[:1], bool)]
     for n in range(1, self.size):

@@ -34,7 +34,7 @@ from hamburger_jax.decode import draft_width, micro
 from hamburger_jax.decode.draft_tree import DraftTree, forward_inputs, take_entries, take_path
 from hamburger_jax.decode import state as ds
 from hamburger_jax.decode.models import write_entries
-from hamburger_jax.decode.sampling import filter_logits
+from hamburger_jax.decode.sampling import filter_logits, greedy_tokens
 
 # Knobs of verified decoding when none are given: draft up to S - 1 tokens every step (the
 # acceptance, not the stop head, decides what counts); a checkpoint's recommended knobs are
@@ -64,7 +64,7 @@ def processed_probs(logits, sampling):
   """logits [R, V] -> the distribution a token is drawn from [R, V] f32: one-hot argmax for greedy
   rows (temperature <= 0), else softmax of the tempered logits after top-k / top-p. sampling: [R]."""
   logits = logits.astype(jnp.float32)
-  onehot = jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
+  onehot = jax.nn.one_hot(greedy_tokens(logits), logits.shape[-1], dtype=jnp.float32)
   greedy = sampling.temperature <= 0.0
 
   def soft():
@@ -104,7 +104,7 @@ def draft_probs(model, params, hidden, sampling):
 def accept_greedy(logits, pending, num_drafts):
   """logits [B, S, V] (the base's after each pending input), pending [B, S], num_drafts [B] ->
   (accepted [B] i32, next token [B] i32, accepted flags [B, S-1] bool)."""
-  g = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  g = greedy_tokens(logits)
   s = pending.shape[1]
   ok = (pending[:, 1:] == g[:, :-1]) & (jnp.arange(1, s)[None, :] <= num_drafts[:, None])
   flags = jnp.cumprod(ok, axis=1).astype(bool)

@@ -5,7 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hamburger_jax.decode.sampling import SamplingParams, filter_logits, sample_tokens, token_log_probs
+from hamburger_jax.decode.sampling import (SamplingParams, filter_logits, greedy_tokens,
+                                           sample_tokens, token_log_probs)
 
 LOGITS = jnp.log(jnp.array([[0.5, 0.2, 0.15, 0.1, 0.05],
                             [0.05, 0.1, 0.15, 0.2, 0.5]], jnp.float32))
@@ -36,6 +37,22 @@ def test_greedy_is_argmax_without_randomness():
   for seed in range(3):
     out = sample_tokens(logits, jax.random.PRNGKey(seed), SamplingParams.greedy())
     np.testing.assert_array_equal(out, np.argmax(logits, -1))
+
+
+def test_greedy_tokens_are_argmax_with_ties_infinities_and_nans():
+  """The CPU form (the first index where the max is met) picks what jnp.argmax picks: the
+  first of tied maxima, index 0 of an all -inf row, the first NaN, +inf."""
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(5, 3, 1000)).astype(np.float32)
+  x[0, 0, [7, 9]] = 50.0
+  x[1, 1, :] = -np.inf
+  x[2, 2, [11, 400]] = np.nan
+  x[3, 0, 999] = np.inf
+  for fn in (greedy_tokens, jax.jit(greedy_tokens)):
+    got = np.asarray(fn(jnp.asarray(x)))
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, np.argmax(x, -1))
+  assert (got[0, 0], got[1, 1], got[2, 2], got[3, 0]) == (7, 0, 11, 999)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.5])

@@ -119,6 +119,14 @@ def test_step_costs_few_rows_head_reports_both_forms(tmp_path):
   assert max(r["max_abs_diff"] for r in result["rows"]) < 1e-4
 
 
+def test_step_costs_greedy_pick_times_both_forms_on_the_same_tokens(tmp_path):
+  out = tmp_path / "pick.json"
+  result = step_costs.main(["--what", "greedy_pick", "--repeats", "1", "--out", str(out)])
+  assert out.exists() and [r["shape"][-1] for r in result["rows"]] == [49152] * 5
+  assert all(r["same_tokens"] and r["argmax_ms"] > 0 and r["greedy_tokens_ms"] > 0
+             for r in result["rows"])
+
+
 def test_decode_speed_rejects_an_unknown_engine(capsys):
   with pytest.raises(SystemExit):
     decode_speed.main(["--engines", "static,paged"])
