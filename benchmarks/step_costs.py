@@ -93,6 +93,8 @@ def parse_args(argv=None):
               else default)
   if args.what == "macro_step" and min(args.repeats, args.chunk_steps, args.num_prompts) < 1:
     parser.error("--repeats, --chunk_steps and --num_prompts must be >= 1.")
+  if args.repeats < 1:
+    parser.error(f"--repeats must be >= 1 (timed rounds), got {args.repeats}.")
   if args.what not in ("few_rows_head", "greedy_pick"):
     from hamburger_jax.shipped import smollm2  # pylint: disable=import-outside-toplevel
     args.asset_dir = args.asset_dir or smollm2.ASSET_DIR
