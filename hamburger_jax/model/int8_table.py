@@ -69,13 +69,13 @@ def grouped_logits(hidden, table, scale, dtype):
   """hidden [..., D], int8 table [V, D] or its blocks, scale [V, n] (groups of G = D / n along D)
   -> logits [..., V] float32 = sum_g scale[:, g] * (hidden_g @ table_g.T).
 
-  On a TPU the int8 table is read once per call (docs/results/tpu.md): with few rows (R * n <=
-  GROUP_PARTIAL_ROWS) the hidden rows, spread so that each group's entries have their own row
-  [R * n, D], meet the table in one plain dot whose output XLA scales and sums over groups in the
-  same fusion (n times the FLOPs: 1B head at 1 row 0.30 GB of HBM against 1.87 GB for the scaled
-  table); with more rows a blocked table is scaled and multiplied chunk by chunk, each chunk's
-  scaled rows small enough to stay on chip (1B head at 64 rows: 0.33 GB against 1.9 GB).
-  Elsewhere, and on a CPU always, the group-scaled table feeds one dot."""
+  On a TPU the int8 table is read once per call, where one group-scaled table would be written
+  out and read back (docs/results/tpu.md): with few rows (R * n <= GROUP_PARTIAL_ROWS) the hidden
+  rows, spread so that each group's entries have their own row [R * n, D], meet the table in one
+  plain dot whose output XLA scales and sums over groups in the same fusion (n times the FLOPs);
+  with more rows a blocked table is scaled and multiplied chunk by chunk, each chunk's scaled
+  rows small enough to stay on chip. Elsewhere, and on a CPU always, the group-scaled table
+  feeds one dot."""
   rows = math.prod(hidden.shape[:-1])
   if rows * scale.shape[-1] <= GROUP_PARTIAL_ROWS:
     tpu = _group_partial_logits
@@ -114,8 +114,8 @@ def _chunked_logits(hidden, table, scale, dtype):
 
 
 def _scaled_table_logits(hidden, table, scale, dtype):
-  v, d = flat(table).shape
   table = flat(table)
+  v, d = table.shape
   n = scale.shape[-1]
   scaled = table.reshape(v, n, d // n).astype(dtype) * scale[:, :, None].astype(dtype)
   return jnp.dot(hidden.astype(dtype), scaled.reshape(v, d).T, preferred_element_type=jnp.float32)
