@@ -55,7 +55,8 @@ GROUPS = {            # flags that apply to one measurement only (dest: default)
                 "code_fences": 1},
     "verify": {"prompt_sets": "both,code", "draft_confidences": "0.001,0.3,0.5",
                "verify_prompts": 24, "verify_batching": "static", "width_rules": "off",
-               "verify_steps": "", "draft_branches": "1", "drafter_quantize": "none"},
+               "verify_steps": "", "draft_branches": "1", "drafter_quantize": "none",
+               "lookup_drafts": ""},
 }
 DEFAULTS = {"sampler": dict(batch_sizes="1,8", out=("step_costs", "decode_speed.json")),
             "micro_layers": dict(max_new_tokens=128, out=("step_costs", "micro_layers.json")),
@@ -126,6 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
   v.add_argument("--drafter_quantize",
                  help="the drafter's weights, comma-separated: none and/or micro:int8 (the base "
                       "stays as stored; model/quantize.py)")
+  v.add_argument("--lookup_drafts",
+                 help="lookup drafts' least match, comma-separated, e.g. 0,2 (0: off; "
+                      "decode/lookup_drafts.py; default: the engine's)")
   p.set_defaults(**GROUPS["sampler"], **GROUPS["batched"], **GROUPS["verify"])
   return p
 
@@ -210,6 +214,11 @@ def parse_args(argv=None):
     _list_error(parser, "draft_branches", args.draft_branches, positive_ints,
                 lambda v: bool(v) and all(1 <= k <= 8 for k in v),
                 "comma-separated chain counts in 1..8 are needed, e.g. --draft_branches=1,2")
+    if args.lookup_drafts:
+      _list_error(parser, "lookup_drafts", args.lookup_drafts,
+                  lambda t: [int(x) for x in t.split(",")],
+                  lambda v: bool(v) and all(0 <= m <= 8 for m in v),
+                  "comma-separated least matches in 0..8 are needed, e.g. --lookup_drafts=0,2")
   return args, mode
 
 

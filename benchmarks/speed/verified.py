@@ -21,6 +21,9 @@ the verification drafter's own, `open_checkpoint(..).verify_steps`).
 chains (`decode/draft_tree.py`).
 --drafter_quantize none,micro:int8: verified decoding with the drafter as stored and with the
 drafter alone in int8 (`model/quantize.py`; the base, and so every answer, as stored).
+--lookup_drafts 0,2: verified decoding without and with drafts looked up in the row's own tokens
+where its last 2 or more repeat an earlier stretch (`decode/lookup_drafts.py`; default: the
+engine's default).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import statistics
 import time
 
 from hamburger_jax.decode.batching import ContinuousBatcher, Request
+from hamburger_jax.decode import lookup_drafts
 from hamburger_jax.decode.checkpoint import open_checkpoint
 from hamburger_jax.decode.sampler import Sampler
 from hamburger_jax.model.quantize import apply_mode
@@ -56,13 +60,13 @@ def _run(sampler, prompts, b, max_new_tokens, **knobs):
 
 def _row(prompt_set, b, variant, base, answers, forwards, seconds, counts, base_seconds,
          batching="static"):
-  confidence, rule, steps, branches, quantize = variant
+  confidence, rule, steps, branches, quantize, lookup = variant
   tokens = sum(len(a) for a in answers)
   reached, accepted = counts or ([None] * (steps - 1), [None] * (steps - 1))
   return {
       "prompt_set": prompt_set, "batching": batching, "batch": b, "confidence": confidence,
       "width_rule": rule, "verify_steps": steps, "draft_branches": branches,
-      "drafter_quantize": quantize,
+      "drafter_quantize": quantize, "lookup_drafts": lookup,
       "same_as_base": answers == base, "tokens": tokens,
       "tokens_per_forward": tokens / max(sum(forwards), 1),
       "acceptance": [a / r if r else None for r, a in zip(reached, accepted)],
@@ -89,29 +93,31 @@ def measure(args) -> dict:
   return {"max_new_tokens": args.max_new_tokens, "prompts": args.verify_prompts, "rows": rows}
 
 
-def _variants(args, d) -> list[tuple[float, bool, int, int, str]]:
-  """(drafting confidence, width rule on, verify_steps, draft_branches, drafter quantize) of
-  every verified setting."""
+def _variants(args, d) -> list[tuple[float, bool, int, int, str, int]]:
+  """(drafting confidence, width rule on, verify_steps, draft_branches, drafter quantize,
+  lookup drafts' least match) of every verified setting."""
   rules = {"on": True, "off": False}
   depths = ([int(x) for x in args.verify_steps.split(",")] if args.verify_steps
             else [d.verify_steps or d.config.max_steps])
-  return [(float(c), rules[r], s, int(k), q) for c in args.draft_confidences.split(",")
+  lookups = lambda k: ([int(m) for m in args.lookup_drafts.split(",")] if args.lookup_drafts
+                       else [lookup_drafts.resolve(None, True, k)])
+  return [(float(c), rules[r], s, int(k), q, m) for c in args.draft_confidences.split(",")
           for r in args.width_rules.split(",") for s in depths
           for k in str(args.draft_branches).split(",")
-          for q in args.drafter_quantize.split(",")]
+          for q in args.drafter_quantize.split(",") for m in lookups(int(k))]
 
 
 def _static_rows(args, d, prompts, cache_length, prompt_set) -> list[dict]:
   """`Sampler.decode` over consecutive batches of b prompts, base and verified in rotation."""
   base = Sampler(d.config, d.params, base=True, cache_length=cache_length,
                  out_length=args.max_new_tokens, eos_ids=d.eos_ids)
-  verify = {(rule, steps, k, q): Sampler(d.config, apply_mode(d.params, d.config, q),
-                                         cache_length=cache_length,
-                                         out_length=args.max_new_tokens, eos_ids=d.eos_ids,
-                                         draft_vocab=d.draft_vocab, verify=True,
-                                         draft_width_rule=rule, verify_steps=steps,
-                                         draft_branches=k)
-            for rule, steps, k, q in {v[1:] for v in _variants(args, d)}}
+  verify = {(rule, steps, k, q, m): Sampler(d.config, apply_mode(d.params, d.config, q),
+                                            cache_length=cache_length,
+                                            out_length=args.max_new_tokens, eos_ids=d.eos_ids,
+                                            draft_vocab=d.draft_vocab, verify=True,
+                                            draft_width_rule=rule, verify_steps=steps,
+                                            draft_branches=k, lookup_drafts=m)
+            for rule, steps, k, q, m in {v[1:] for v in _variants(args, d)}}
   rows = []
   for b in args.batch_sizes:
     settings = [("base", base, {})] + [
@@ -147,10 +153,10 @@ def _continuous_rows(args, d, prompts, cache_length, prompt_set) -> list[dict]:
   for b in args.batch_sizes:
     kw = dict(num_slots=b, cache_length=cache_length, eos_ids=d.eos_ids)
     base = ContinuousBatcher(d.config, d.params, base=True, **kw)
-    verify = {(rule, steps, k, q): ContinuousBatcher(
+    verify = {(rule, steps, k, q, m): ContinuousBatcher(
         d.config, apply_mode(d.params, d.config, q), draft_vocab=d.draft_vocab, verify=True,
-        draft_width_rule=rule, verify_steps=steps, draft_branches=k, **kw)
-              for rule, steps, k, q in {v[1:] for v in _variants(args, d)}}
+        draft_width_rule=rule, verify_steps=steps, draft_branches=k, lookup_drafts=m, **kw)
+              for rule, steps, k, q, m in {v[1:] for v in _variants(args, d)}}
     settings = [("base", base, 1.0)] + [(v, verify[v[1:]], v[0]) for v in _variants(args, d)]
     for _, batcher, c in settings:                          # compile, then time
       _generate(batcher, prompts[:b + 1], args.max_new_tokens, c)
@@ -171,11 +177,12 @@ def format_table(result: dict) -> str:
   fmt = lambda x: "-" if x is None else f"{x:.2f}"
   return markdown_table(
       ["prompts", "batching", "batch", "confidence", "width rule", "steps", "chains",
-       "drafter", "same as base",
+       "drafter", "lookup", "same as base",
        "tokens/forward", "acceptance per draft", "tokens/s", "base tokens/s", "vs base"],
       [[r["prompt_set"], r.get("batching", "static"), r["batch"], r["confidence"],
         {True: "on", False: "off"}.get(r.get("width_rule"), "-"), r.get("verify_steps", 4),
-        r.get("draft_branches", 1), r.get("drafter_quantize", "none"), r["same_as_base"],
+        r.get("draft_branches", 1), r.get("drafter_quantize", "none"),
+        "-" if r.get("lookup_drafts") is None else r["lookup_drafts"], r["same_as_base"],
         f"{r['tokens_per_forward']:.2f}", "/".join(fmt(a) for a in r["acceptance"]),
         f"{r['tokens_per_s']:.1f}", f"{r['base_tokens_per_s']:.1f}", f"{r['speedup']:.2f}x"]
        for r in result["rows"]])

@@ -27,6 +27,7 @@ from typing import Sequence
 import numpy as np
 
 from hamburger_jax.decode import loop as lp
+from hamburger_jax.decode import lookup_drafts as lookup_lib
 from hamburger_jax.decode import mesh as mesh_lib
 from hamburger_jax.decode import slots
 from hamburger_jax.decode import state as ds
@@ -124,7 +125,7 @@ class ContinuousBatcher:
                skip_unmerged: bool | None = None, draft_vocab=None, verify: bool = False,
                mesh=None, draft_width_rule: bool | None = None, kv_cache: str = "model",
                verify_steps: int | None = None,
-               draft_branches: int = 1):
+               draft_branches: int = 1, lookup_drafts: int | None = None):
     for name, value in (("num_slots", num_slots), ("cache_length", cache_length),
                         ("chunk_steps", chunk_steps)):
       if value < 1:
@@ -133,13 +134,15 @@ class ContinuousBatcher:
     check_kv_cache(kv_cache, model.llama)
     try:
       check_branches(draft_branches, verify, draft_width_rule)
+      lookup_drafts = lookup_lib.resolve(lookup_drafts, verify, draft_branches)
     except ValueError as e:
       raise DecodeInputError(str(e)) from None
     # a verified forward reads its inputs at consecutive slots past the row's last
     spare = forward_inputs(model.max_steps, draft_branches) - 1 if verify else 0
     self.engine = lp.DecodeEngine(model, cache_length + spare, chunk_steps * model.max_steps,
                                   compact_micro_steps, skip_unmerged, verify, mesh,
-                                  draft_width_rule, kv_cache, draft_branches)
+                                  draft_width_rule, kv_cache, draft_branches,
+                                  lookup_drafts)
     self.params = mesh_lib.place_params(mesh, model, params)
     self.scorer = prompt_scorer(model, self.params, cache_length)   # prompts' log-probs
     self.eos_ids = tuple(int(e) for e in eos_ids) or tuple(model.llama.eos_token_ids)

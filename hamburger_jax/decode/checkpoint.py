@@ -90,6 +90,25 @@ def check_verify_steps(steps: int, verify: bool) -> None:
                      "--verify_steps.")
 
 
+def check_lookup_drafts(min_match: int, verify: bool, branches: int) -> None:
+  """UsageError unless --lookup_drafts is in 0..MAX_MATCH, and, when set away from its default,
+  verified decoding of one chain is on."""
+  from hamburger_jax.decode.lookup_drafts import DEFAULT_MIN_MATCH, MAX_MATCH
+  if not 0 <= min_match <= MAX_MATCH:
+    raise UsageError(f"--lookup_drafts must be in 0..{MAX_MATCH} (0: off), got {min_match}.")
+  if min_match != DEFAULT_MIN_MATCH and min_match and not verify:
+    raise UsageError("--lookup_drafts drafts for verified decoding: add --verify or drop "
+                     "--lookup_drafts.")
+  if min_match != DEFAULT_MIN_MATCH and min_match and branches > 1:
+    raise UsageError("--lookup_drafts drafts one chain: drop --draft_branches or set "
+                     "--lookup_drafts 0.")
+
+
+def lookup_setting(min_match: int, verify: bool, branches: int) -> int:
+  """The engine's lookup_drafts for these flags (off without verified decoding of one chain)."""
+  return min_match if verify and branches == 1 else 0
+
+
 def check_draft_branches(branches: int, verify: bool) -> None:
   """UsageError unless --draft_branches is 1, or in 2..MAX_BRANCHES with verified decoding on."""
   from hamburger_jax.decode.draft_tree import MAX_BRANCHES

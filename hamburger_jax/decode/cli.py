@@ -22,6 +22,7 @@ from hamburger_jax.convert import CheckpointError
 from hamburger_jax.decode import prompts as prompts_lib
 from hamburger_jax.decode import verify
 from hamburger_jax.decode.checkpoint import (Decodable, check_checkpoint, check_draft_branches,
+                                             check_lookup_drafts, lookup_setting,
                                              check_kv_cache, check_quantize, check_verify_steps,
                                              open_checkpoint, resolve_knobs)
 from hamburger_jax.decode.chunks import decode_chunks
@@ -78,6 +79,7 @@ class DecodeArgs:
   verify: bool = False              # verified decoding: the base checks the drafts (its answer)
   verify_steps: int = 0             # --verify: tokens per forward at most (0: the drafter's)
   draft_branches: int = 1           # --verify: chains of drafts checked as one tree
+  lookup_drafts: int = 2            # --verify: draft repeats of >= this many tokens (0: off)
   quantize: str = "none"            # "int8": per-channel scales; "int8:G": per group of G inputs
   mesh: str = ""                    # "data=2,tensor=4": one model over a device mesh ("" = one)
   kv_cache: str = "model"           # what the KV buffers store: the model's dtype or "int8"
@@ -126,6 +128,7 @@ def check_flag_pairs(a: DecodeArgs) -> None:
                      "give one of them.")
   check_verify_steps(a.verify_steps, a.verify)
   check_draft_branches(a.draft_branches, a.verify)
+  check_lookup_drafts(a.lookup_drafts, a.verify, a.draft_branches)
   if a.compare_base and a.base:
     raise UsageError("--compare_base decodes with the base alone beside HAMburger; with --base "
                      "both runs would be the base: drop --base or --compare_base.")
@@ -221,7 +224,8 @@ def _samplers(a: DecodeArgs, d: Decodable, prompts):
                     out_length=out_length, eos_ids=d.eos_ids, draft_vocab=d.draft_vocab,
                     verify=a.verify, mesh=mesh, kv_cache=a.kv_cache,
                     verify_steps=(a.verify_steps or d.verify_steps) if a.verify else None,
-                    draft_branches=a.draft_branches)
+                    draft_branches=a.draft_branches,
+                    lookup_drafts=lookup_setting(a.lookup_drafts, a.verify, a.draft_branches))
   sampler.check_prompts(prompts)
   knobs = dict(max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_k=a.top_k,
                top_p=a.top_p, seed=a.seed,
@@ -331,6 +335,9 @@ _HELP = {
                       "c-th most probable first draft, and check them all in the next forward "
                       "as one tree (greedy rows; 1 + c x (steps - 1) inputs a row): more tokens "
                       "per forward where a wider forward costs little (accelerators)",
+    "lookup_drafts": "--verify: where a row's last N or more tokens repeat an earlier stretch "
+                     "of its prompt or answer, draft what followed it there instead of the "
+                     "micro decoder's drafts (greedy rows; 0: off)",
     "quantize": "weights the decode loop reads: 'none' (as stored), 'int8' (int8 with "
                 "per-output-channel scales, quantized once at load: half the weight bytes of "
                 "bfloat16 per step), 'int8:G' (a scale per group of G inputs, e.g. int8:64; G "

@@ -57,6 +57,9 @@ class DecodeEngine:
   # Verified decoding drafts this many chains, a draft tree checked in one forward
   # (`decode/draft_tree.py`); 1: one chain.
   draft_branches: int = 1
+  # Verified decoding drafts a row's own earlier continuation where its last tokens repeat a
+  # stretch of at least this many (`decode/lookup_drafts.py`); 0: off.
+  lookup_drafts: int = 0
 
   @property
   def max_steps(self) -> int:
@@ -170,7 +173,9 @@ def prefill(engine: DecodeEngine, params, prefix, last_tokens, lengths, done, rn
                                   jnp.zeros((b,), jnp.int32), skips_unmerged(engine))
   state = ds.init_state(cache, last_tokens, lengths, done, rng, knobs, policy, engine.max_steps,
                         engine.out_length)
-  return verify.init_extras(state, engine) if engine.verify else state
+  if not engine.verify:
+    return state
+  return verify.init_extras(state, engine, prefix, last_tokens, lengths)
 
 
 def loop(engine: DecodeEngine, params, state: ds.DecodeState, step_limit,

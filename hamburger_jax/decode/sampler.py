@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hamburger_jax.decode import loop as lp
+from hamburger_jax.decode import lookup_drafts as lookup_lib
 from hamburger_jax.decode import mesh as mesh_lib
 from hamburger_jax.decode import prompts as prompts_lib
 from hamburger_jax.decode import state as ds
@@ -76,7 +77,7 @@ class Sampler:
                skip_unmerged: bool | None = None, draft_vocab=None, verify: bool = False,
                mesh=None, quantize: str | None = None, draft_width_rule: bool | None = None,
                kv_cache: str = "model", verify_steps: int | None = None,
-               draft_branches: int = 1):
+               draft_branches: int = 1, lookup_drafts: int | None = None):
     model, params = engine_model(cfg, params, base, draft_vocab, verify, verify_steps)
     check_kv_cache(kv_cache, model.llama)
     try:
@@ -87,12 +88,14 @@ class Sampler:
       raise DecodeInputError(f"cache_length must be >= 1, got {cache_length}.")
     try:
       check_branches(draft_branches, verify, draft_width_rule)
+      lookup_drafts = lookup_lib.resolve(lookup_drafts, verify, draft_branches)
     except ValueError as e:
       raise DecodeInputError(str(e)) from None
     spare = forward_inputs(model.max_steps, draft_branches) - 1 if verify else 0
     self.engine = lp.DecodeEngine(model, cache_length + spare, out_length or cache_length,
                                   compact_micro_steps, skip_unmerged, verify, mesh,
-                                  draft_width_rule, kv_cache, draft_branches)
+                                  draft_width_rule, kv_cache, draft_branches,
+                                  lookup_drafts)
     self.max_prompt_len = cache_length
     llama = model.llama
     self.eos_ids = llama.eos_token_ids if eos_ids is None else tuple(int(e) for e in eos_ids)

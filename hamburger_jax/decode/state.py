@@ -127,6 +127,9 @@ class DecodeState:
   # (x, then the chain's drafts) and their lengths [B, k - 1].
   branch_tokens: Any = None
   branch_len: Any = None
+  # Lookup drafts (`decode/lookup_drafts.py`; engine.lookup_drafts): each row's committed tokens
+  # by KV slot [B, L] i32.
+  history: Any = None
 
 
 def init_state(cache, last_tokens, prompt_lengths, done, rng, knobs: DecodeKnobs,

@@ -21,6 +21,11 @@ The loop state is `DecodeState` with these meanings:
   draft_accept [B, S]  the stop head's estimate that draft j is accepted given drafts < j (with
                        `draft_width_rule` a step sends only the drafts worth their width)
   branch_tokens [B, c-1, S], branch_len [B, c-1]  a draft tree's other chains (c > 1)
+  history [B, L]       each row's committed tokens by KV slot, with engine.lookup_drafts: rows
+                       whose last tokens repeat an earlier stretch draft its continuation
+                       (`lookup_drafts`) instead of the micro decoder's drafts
+
+The acceptance rules themselves (greedy agreement, Leviathan/Chen) are `acceptance`.
 """
 
 from __future__ import annotations
@@ -30,129 +35,43 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from hamburger_jax.decode import draft_width, micro
+from hamburger_jax.decode import draft_width, lookup_drafts, micro
+from hamburger_jax.decode.acceptance import (accept_greedy, accept_sampled, draft_probs,
+                                             per_position, processed_probs)
 from hamburger_jax.decode.draft_tree import DraftTree, forward_inputs, take_entries, take_path
 from hamburger_jax.decode import state as ds
 from hamburger_jax.decode.models import write_entries
-from hamburger_jax.decode.sampling import filter_logits, greedy_tokens
 
 # Knobs of verified decoding when none are given: draft up to S - 1 tokens every step (the
 # acceptance, not the stop head, decides what counts); a checkpoint's recommended knobs are
 # chosen for merged decoding and do not apply here.
 DEFAULT_KNOBS = {"confidence": 0.001, "min_token_prob": 0.0}
 
-_ACCEPT_FOLD = 1 << 20      # key folds of the acceptance draws and of the bonus / residual draw
-_RESIDUAL_FOLD = (1 << 20) + 1
-
-
-def init_extras(state: ds.DecodeState, engine) -> ds.DecodeState:
-  """The verify-mode fields of a freshly prefilled state (no drafts pending)."""
+def init_extras(state: ds.DecodeState, engine, prefix=None, last=None,
+                lengths=None) -> ds.DecodeState:
+  """The verify-mode fields of a freshly prefilled state (no drafts pending); with
+  engine.lookup_drafts the rows' token history from the prefill's prefix [B, P], last [B] and
+  lengths [B] (`lookup_drafts.initial`; empty rows without them)."""
   b, s = state.group_tokens.shape
   k = engine.draft_branches
   state = state.replace(
       draft_hidden=jnp.zeros((b, s, engine.model.llama.hidden_size), jnp.float32),
       draft_counts=jnp.zeros((b, 2, s), jnp.int32), draft_accept=jnp.ones((b, s), jnp.float32))
+  if engine.lookup_drafts:
+    state = state.replace(history=(
+        jnp.zeros((b, engine.cache_length), jnp.int32) if prefix is None
+        else lookup_drafts.initial(engine.cache_length, prefix, last, lengths)))
   if k == 1:
     return state
   return state.replace(branch_tokens=jnp.zeros((b, k - 1, s), jnp.int32),
                        branch_len=jnp.ones((b, k - 1), jnp.int32))
 
 
-# --- distributions ---------------------------------------------------------------------------------
-
-def processed_probs(logits, sampling):
-  """logits [R, V] -> the distribution a token is drawn from [R, V] f32: one-hot argmax for greedy
-  rows (temperature <= 0), else softmax of the tempered logits after top-k / top-p. sampling: [R]."""
-  logits = logits.astype(jnp.float32)
-  onehot = jax.nn.one_hot(greedy_tokens(logits), logits.shape[-1], dtype=jnp.float32)
-  greedy = sampling.temperature <= 0.0
-
-  def soft():
-    scaled = logits / jnp.maximum(sampling.temperature, 1e-6)[:, None]
-    needs_filter = jnp.any((sampling.top_k > 0) | (sampling.top_p < 1.0))
-    scaled = jax.lax.cond(needs_filter, lambda x: filter_logits(x, sampling.top_k, sampling.top_p),
-                          lambda x: x, scaled)
-    return jnp.where(greedy[:, None], onehot, jax.nn.softmax(scaled, axis=-1))
-
-  return jax.lax.cond(jnp.all(greedy), lambda: onehot, soft)
-
-
-def _per_position(fn, x, sampling):
-  """fn(x [R, ...], sampling [R]) applied to x [B, S, ...] with each row's sampling -> [B, S, ..]."""
-  b, s = x.shape[:2]
-  rows = jax.tree_util.tree_map(lambda v: jnp.repeat(v, s, axis=0), sampling)
-  out = fn(x.reshape((b * s,) + x.shape[2:]), rows)
-  return out.reshape((b, s) + out.shape[1:])
-
-
-def draft_probs(model, params, hidden, sampling):
-  """The distributions the drafts were drawn from, from the micro outputs hidden [B, S, D]
-  (index 0 unused): q [B, S, V], or with a draft vocabulary (q_k [B, S, K], its ids [K]), q
-  being zero outside those ids."""
-  b, s, d = hidden.shape
-  flat = hidden.reshape(b * s, d)
-  if model.draft_size:
-    logits, _, _ = model.draft_heads(params, flat)
-    q_k = _per_position(processed_probs, logits.reshape(b, s, -1), sampling)
-    return q_k, params["draft"]["ids"]
-  logits, _ = model.heads(params, flat)
-  return _per_position(processed_probs, logits.reshape(b, s, -1), sampling)
-
-
-# --- acceptance ------------------------------------------------------------------------------------
-
-def accept_greedy(logits, pending, num_drafts):
-  """logits [B, S, V] (the base's after each pending input), pending [B, S], num_drafts [B] ->
-  (accepted [B] i32, next token [B] i32, accepted flags [B, S-1] bool)."""
-  g = greedy_tokens(logits)
-  s = pending.shape[1]
-  ok = (pending[:, 1:] == g[:, :-1]) & (jnp.arange(1, s)[None, :] <= num_drafts[:, None])
-  flags = jnp.cumprod(ok, axis=1).astype(bool)
-  accepted = jnp.sum(flags, axis=1, dtype=jnp.int32)
-  return accepted, jnp.take_along_axis(g, accepted[:, None], axis=1)[:, 0], flags
-
-
-def accept_sampled(p, q, pending, num_drafts, keys):
-  """The Leviathan/Chen rule. p [B, S, V]: the base's processed distributions after each pending
-  input; q: the distributions drafts 1..S-1 were drawn from (`draft_probs`: [B, S, V], or over a
-  draft vocabulary (q_k [B, S, K], ids [K])); keys [B, 2].
-  Draft i is accepted with probability min(1, p_{i-1}(d_i) / q_i(d_i)), in order; at the first
-  rejection the next token is drawn from normalise(max(p - q, 0)), else from p after the last
-  draft. -> (accepted [B], next token [B], accepted flags [B, S-1])."""
-  s = pending.shape[1]
-  q, ids = q if isinstance(q, tuple) else (q, None)
-  is_id = lambda ids: pending[:, 1:, None] == ids.astype(pending.dtype)[None, None, :]
-  is_draft = is_id(jnp.arange(p.shape[-1]))
-  pd = _pick(p[:, :-1], is_draft, axis=2)                                 # p_{i-1}(d_i)
-  qd = _pick(q[:, 1:], is_draft if ids is None else is_id(ids), axis=2)   # q_i(d_i)
-  u = jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, _ACCEPT_FOLD), (s - 1,)))(keys)
-  ok = (u * qd < pd) & (jnp.arange(1, s)[None, :] <= num_drafts[:, None])
-  flags = jnp.cumprod(ok, axis=1).astype(bool)
-  accepted = jnp.sum(flags, axis=1, dtype=jnp.int32)
-  at = lambda i: (jnp.arange(s)[None, :] == i[:, None])[:, :, None]       # [B, S, 1]
-  p_a = _pick(p, at(accepted), axis=1)                                     # [B, V]
-  q_next = _pick(q, at(jnp.minimum(accepted + 1, s - 1)), axis=1)         # [B, V] or [B, K]
-  if ids is not None:                  # only this row is spread over the vocabulary
-    q_next = jnp.zeros_like(p_a).at[:, ids].set(q_next)
-  residual = jnp.maximum(p_a - q_next, 0.0)
-  rejected = (accepted < num_drafts)[:, None] & (jnp.sum(residual, -1, keepdims=True) > 0)
-  dist = jnp.where(rejected, residual, p_a)
-  draw = lambda k, w: jax.random.categorical(jax.random.fold_in(k, _RESIDUAL_FOLD), jnp.log(w))
-  return accepted, jax.vmap(draw)(keys, dist).astype(jnp.int32), flags
-
-
-def _pick(x, mask, axis: int):
-  """The one entry of x where mask (broadcast to x) holds, along axis: a masked sum, which XLA
-  fuses into one read of x (a gather from [B, S, V] made a TPU lay x out with S on the lanes,
-  padded 128 / S times: docs/results/tpu.md)."""
-  return jnp.sum(jnp.where(mask, x, 0.0), axis=axis)
-
-
 # --- drafting ------------------------------------------------------------------------------------
 
-def draft_after(engine, params, feats, first, st: ds.DecodeState, keys, running):
-  """Drafts the tokens after `first` [B] (committed: the base's token predicted from feats
-  [B, F, D]) -> (pending [B, S] = [first, d1..dk], 1 + k [B], micro outputs [B, S, D], each
+def draft_after(engine, params, feats, first, st: ds.DecodeState, keys, running, end):
+  """Drafts the tokens after `first` [B] (committed at KV slot end [B]: the base's token
+  predicted from feats [B, F, D]) -> (pending [B, S] = [first, d1..dk], 1 + k [B], micro outputs [B, S, D], each
   draft's acceptance estimate given the ones before [B, S]: the stop head's continue-probability
   before it; with engine.draft_branches c > 1 also the other chains [B, c - 1, S] and their
   lengths [B, c - 1], else None, None).
@@ -164,20 +83,30 @@ def draft_after(engine, params, feats, first, st: ds.DecodeState, keys, running)
   end there); sampling rows propose every draft they draw, so that each is drawn from the
   distribution the acceptance rule divides by. A draft tree's chain c > 0 starts from the c-th
   most probable first draft (greedy rows only; `draft_tree`): the micro decoder then runs on
-  c x B rows, chain-major.
+  c x B rows, chain-major. With engine.lookup_drafts, greedy rows whose tokens through slot
+  end [B] repeat an earlier stretch draft its continuation instead, without the micro decoder
+  (`lookup_drafts`).
   """
   model, s, c = engine.model, engine.max_steps, engine.draft_branches
   b = first.shape[0]
   knobs = st.knobs
   knobs = knobs.replace(min_token_prob=jnp.where(knobs.sampling.temperature > 0.0, 0.0,
                                                  knobs.min_token_prob))
-  budget = knobs.max_new_tokens - st.num_out
+  # The next forward commits at most what the budget and, as the base would, the buffer allow:
+  # its new slot end + committed stays within the base's L (the engine's less the spare slots).
+  room = engine.cache_length - forward_inputs(s, c) + 1 - end
+  budget = jnp.minimum(knobs.max_new_tokens - st.num_out, room)
   cap = jnp.minimum(knobs.max_group, s)
   is_end = (jnp.any(first[:, None] == knobs.eos_ids, axis=-1)
             | jnp.any(first[:, None] == knobs.stop_ids, axis=-1))
   first_accept = micro.continue_probability(model.stop_logits(params, feats[:, -1]))
-  go_on = (running & (first_accept >= knobs.confidence)
-           & (knobs.min_token_prob < 1.0) & (1 < cap) & (1 < budget) & ~is_end)
+  may_draft = running & (knobs.min_token_prob < 1.0) & (1 < cap) & (1 < budget) & ~is_end
+  go_on = may_draft & (first_accept >= knobs.confidence)
+  looked = None
+  if engine.lookup_drafts:
+    looked = lookup_drafts.propose(st.history, end, engine.lookup_drafts, s - 1)
+    use = may_draft & looked[2] & (knobs.sampling.temperature <= 0.0)
+    go_on = go_on & ~use
   tile = lambda x: x if c == 1 else jnp.concatenate([x] * c, axis=0)
   rank = None
   if c > 1:
@@ -214,6 +143,9 @@ def draft_after(engine, params, feats, first, st: ds.DecodeState, keys, running)
 
   drafted = (tokens, hidden, accept, length)
   tokens, hidden, accept, length = jax.lax.cond(jnp.any(go_on), drafts, lambda d: d, drafted)
+  if looked is not None:
+    count = jnp.minimum(looked[1], jnp.minimum(cap, budget) - 1)
+    tokens, length, accept = lookup_drafts.take(use, looked[0], count, tokens, length, accept)
   if c == 1:
     return tokens, length, hidden, accept, None, None
   others = lambda x: x[b:].reshape((c - 1, b) + x.shape[1:]).swapaxes(0, 1)
@@ -259,7 +191,7 @@ def _check_width(engine, params, width: int, st: ds.DecodeState, pending, num_dr
     return accept_greedy(logits, pending, num_drafts)
 
   def sampled():
-    p = _per_position(processed_probs, logits, sampling)
+    p = per_position(processed_probs, logits, sampling)
     q = draft_probs(model, params, st.draft_hidden[:, :width], sampling)
     return accept_sampled(p, q, pending, num_drafts, keys)
 
@@ -298,7 +230,7 @@ def _check_tree(engine, params, tree: DraftTree, nodes, proposed, st: ds.DecodeS
   chain = jnp.asarray(tree.chain_path(0))
 
   def sampled():
-    p = _per_position(processed_probs, logits[:, chain], sampling)
+    p = per_position(processed_probs, logits[:, chain], sampling)
     q = draft_probs(model, params, st.draft_hidden, sampling)
     accepted, nxt, _ = accept_sampled(p, q, pending, num_drafts, keys)
     return chain[accepted], accepted, nxt
@@ -372,8 +304,10 @@ def verify_step(engine, params, st: ds.DecodeState) -> ds.DecodeState:
 
   num_out = st.num_out + length
   draft_st = st.replace(num_out=num_out)
+  if st.history is not None:
+    draft_st = draft_st.replace(history=lookup_drafts.record(st.history, st.slot, tokens, length))
   next_tokens, next_len, hidden, accept, other_tokens, other_len = draft_after(
-      engine, params, feats, nxt, draft_st, keys, active & ~hit_eos & ~hit_stop)
+      engine, params, feats, nxt, draft_st, keys, active & ~hit_eos & ~hit_stop, st.slot + length)
 
   write = lambda buf, values: ds.masked_set(buf, st.num_out - st.out_start, values, length)
   group_ids = jnp.broadcast_to(st.macro_steps[:, None], tokens.shape)
@@ -393,7 +327,7 @@ def verify_step(engine, params, st: ds.DecodeState) -> ds.DecodeState:
     st = st.replace(branch_tokens=keep(other_tokens, st.branch_tokens),
                     branch_len=keep(other_len, st.branch_len))
   return st.replace(
-      cache=cache, slot=slot, position=st.position + length,
+      cache=cache, slot=slot, position=st.position + length, history=draft_st.history,
       group_tokens=keep(next_tokens, st.group_tokens), group_len=keep(next_len, st.group_len),
       draft_hidden=keep(hidden, st.draft_hidden), draft_counts=counts,
       draft_accept=keep(accept, st.draft_accept),

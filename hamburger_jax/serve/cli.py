@@ -23,6 +23,7 @@ from typing import Sequence
 
 from hamburger_jax.convert import CheckpointError
 from hamburger_jax.decode.checkpoint import (apply_quantize, check_draft_branches,
+                                             check_lookup_drafts, lookup_setting,
                                              check_kv_cache, check_quantize, check_verify_steps,
                                              checkpoint_dir, code_fence_ids,
                                              load_verify_drafter, open_checkpoint, resolve_knobs,
@@ -95,6 +96,9 @@ class ServeArgs:
                               "every answer is the base model's own (greedy: token for token)")
   verify_steps: int = _flag(0, "verified decoding's tokens per forward at most (drafts + 1), "
                                "2..16; 0: what the verification drafter was trained for")
+  lookup_drafts: int = _flag(2, "verified decoding drafts what followed an earlier stretch of a "
+                                "request's tokens where its last N or more repeat it (greedy "
+                                "requests; 0: off)")
   draft_branches: int = _flag(1, "verified decoding drafts this many chains and checks them as "
                                  "one tree per forward (greedy requests; more tokens per forward "
                                  "where wide forwards are cheap, e.g. accelerators)")
@@ -150,6 +154,7 @@ def check_args(a: ServeArgs) -> None:
                      "give one of them.")
   check_verify_steps(a.verify_steps, a.verify or a.verify_requests)
   check_draft_branches(a.draft_branches, a.verify or a.verify_requests)
+  check_lookup_drafts(a.lookup_drafts, a.verify or a.verify_requests, a.draft_branches)
   if not 0 <= a.temperature <= 2 or not (a.confidence is None or 0 < a.confidence <= 1):
     raise UsageError("--temperature must be in [0, 2] and --confidence in (0, 1].")
   if a.min_token_prob is not None and not 0 <= a.min_token_prob <= 1:
@@ -221,7 +226,8 @@ def mode_router(a: ServeArgs, d, make) -> engines.ModeRouter:
   micro = apply_quantize({"micro_decoder": micro}, None, a.quantize)["micro_decoder"]
   verified = make({**merged.params, "micro_decoder": micro}, verify=True,
                   verify_steps=a.verify_steps or verify_drafter_steps(checkpoint_dir(a.ckpt)),
-                  draft_branches=a.draft_branches)
+                  draft_branches=a.draft_branches,
+                  lookup_drafts=lookup_setting(a.lookup_drafts, True, a.draft_branches))
   if a.warmup:
     for engine in (merged, verified):
       warm_up(engine)
@@ -248,7 +254,8 @@ def build(a: ServeArgs) -> Service:
   else:
     engine = make(d.params, verify=a.verify,
                   verify_steps=(a.verify_steps or d.verify_steps) if a.verify else None,
-                  draft_branches=a.draft_branches if a.verify else 1)
+                  draft_branches=a.draft_branches if a.verify else 1,
+                  lookup_drafts=lookup_setting(a.lookup_drafts, a.verify, a.draft_branches))
     if a.warmup:
       warm_up(engine)
   return service_for(engine, d.config, d.tokenizer, dataclasses.replace(a, system=d.system),

@@ -10,7 +10,7 @@ from scipy import stats as scipy_stats
 
 from hamburger_jax.decode import loop as lp
 from hamburger_jax.decode import state as ds
-from hamburger_jax.decode import verify
+from hamburger_jax.decode import acceptance, verify
 from hamburger_jax.decode.batching import ContinuousBatcher, Request
 from hamburger_jax.decode.sampler import Sampler
 from hamburger_jax.decode.sampling import SamplingParams
@@ -173,10 +173,10 @@ def test_accept_greedy_takes_the_longest_agreeing_prefix():
   argmax = np.array([[2, 3, 4, 5], [1, 1, 1, 1]])            # the base's choice after each input
   logits = jax.nn.one_hot(argmax, v) * 5.0
   pending = jnp.array([[9, 2, 3, 0], [9, 1, 4, 1]])
-  accepted, nxt, flags = verify.accept_greedy(logits, pending, jnp.array([3, 3]))
+  accepted, nxt, flags = acceptance.accept_greedy(logits, pending, jnp.array([3, 3]))
   assert accepted.tolist() == [2, 1] and nxt.tolist() == [4, 1]
   assert flags.tolist() == [[True, True, False], [True, False, False]]
-  accepted, nxt, _ = verify.accept_greedy(logits, pending, jnp.array([1, 0]))
+  accepted, nxt, _ = acceptance.accept_greedy(logits, pending, jnp.array([1, 0]))
   assert accepted.tolist() == [1, 0] and nxt.tolist() == [3, 1]    # drafts beyond k never count
 
 
@@ -192,7 +192,7 @@ def test_accept_sampled_follows_the_rule():
   counts = np.zeros(v)
   for seed in range(200):
     keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.PRNGKey(seed), i))(jnp.arange(3))
-    accepted, nxt, _ = verify.accept_sampled(p, q, pending, jnp.array([1, 1, 0]), keys)
+    accepted, nxt, _ = acceptance.accept_sampled(p, q, pending, jnp.array([1, 1, 0]), keys)
     assert int(accepted[0]) == 1 and int(accepted[2]) == 0      # no draft: nothing to accept
     if int(accepted[1]) == 0:
       counts[int(nxt[1])] += 1                                  # the residual max(p - q, 0)
@@ -212,8 +212,8 @@ def test_accept_sampled_reads_a_draft_vocabulary_as_its_spread_distribution():
   outcomes = set()
   for seed in range(40):
     keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.PRNGKey(seed), i))(jnp.arange(4))
-    full = verify.accept_sampled(p, q, pending, jnp.array([2, 2, 1, 0]), keys)
-    compact = verify.accept_sampled(p, (q_k, ids), pending, jnp.array([2, 2, 1, 0]), keys)
+    full = acceptance.accept_sampled(p, q, pending, jnp.array([2, 2, 1, 0]), keys)
+    compact = acceptance.accept_sampled(p, (q_k, ids), pending, jnp.array([2, 2, 1, 0]), keys)
     for a, b in zip(full, compact):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     outcomes.update(int(a) for a in full[0])
@@ -223,7 +223,7 @@ def test_accept_sampled_reads_a_draft_vocabulary_as_its_spread_distribution():
 def test_processed_probs_are_one_hot_for_greedy_rows():
   logits = jnp.array([[0.0, 2.0, 1.0], [0.0, 2.0, 1.0]])
   sampling = SamplingParams(jnp.array([0.0, 1.0]), jnp.array([0, 2]), jnp.array([1.0, 1.0]))
-  probs = verify.processed_probs(logits, sampling)
+  probs = acceptance.processed_probs(logits, sampling)
   np.testing.assert_allclose(probs[0], [0, 1, 0])
   np.testing.assert_allclose(probs[1], [0, np.e / (np.e + 1), 1 / (np.e + 1)], rtol=1e-5)
 
@@ -237,7 +237,7 @@ def _base_pair_probs(cfg, params, prompt, top_k):
 
   def dist(tokens):
     logits = model.apply({"params": params["base"]}, jnp.asarray([tokens])).logits[0, -1]
-    return np.asarray(verify.processed_probs(logits[None].astype(jnp.float32), sampling)[0])
+    return np.asarray(acceptance.processed_probs(logits[None].astype(jnp.float32), sampling)[0])
 
   out = {}
   p1 = dist(prompt)

@@ -228,6 +228,7 @@ def test_decode_speed_verify_engine_reports_the_base_answers(tmp_path):
   row, = result["rows"]
   assert row["batching"] == "static" and row["drafter_quantize"] == "none"
   assert (row["verify_steps"], row["draft_branches"], row["width_rule"]) == (6, 2, False)
+  assert row["lookup_drafts"] == 0                       # lookup drafts draft one chain only
   assert row["same_as_base"] and row["tokens"] > 0
   assert row["tokens_per_forward"] > 1.0                  # the rule off: every draft is sent
   assert len(row["acceptance"]) == 5 and sum(row["drafts_reached"]) > 0
@@ -245,6 +246,12 @@ def test_decode_speed_verify_engine_refuses_flags_of_other_engines(capsys):
   args, _ = decode_speed.parse_args(["--engine", "verify", "--drafter_quantize",
                                      "none,micro:int8:32"])
   assert args.drafter_quantize == "none,micro:int8:32"
+  for bad in ("9", "x", "2,-1"):
+    with pytest.raises(SystemExit):
+      decode_speed.parse_args(["--engine", "verify", "--lookup_drafts", bad])
+    assert "least matches in 0..8" in capsys.readouterr().err
+  assert decode_speed.parse_args(["--engine", "verify", "--lookup_drafts", "0,2"])[0] \
+      .lookup_drafts == "0,2"
 
 
 def test_tpu_plan_checks_the_quantize_mode(capsys):

@@ -37,5 +37,8 @@ def test_the_flag_parses_and_base_with_verify_is_refused():
   with pytest.raises(UsageError, match="2..16"):
     check_args(parse_args(["--ckpt", "x", "--verify", "--verify_steps", "17"]))
   assert parse_args(["--ckpt", "x", "--verify", "--draft_branches", "3"]).draft_branches == 3
+  assert parse_args(["--ckpt", "x", "--verify", "--lookup_drafts", "0"]).lookup_drafts == 0
+  with pytest.raises(UsageError, match="add --verify"):
+    check_args(parse_args(["--ckpt", "x", "--lookup_drafts", "3"]))
   with pytest.raises(UsageError, match="add --verify"):
     check_args(parse_args(["--ckpt", "x", "--draft_branches", "2"]))

@@ -1,0 +1,116 @@
+"""Lookup drafts for verified decoding (decode/lookup_drafts.py): a row's own earlier tokens."""
+
+import functools
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hamburger_jax.decode import lookup_drafts
+from hamburger_jax.decode.batching import ContinuousBatcher, Request
+from hamburger_jax.decode.prompts import DecodeInputError
+from hamburger_jax.decode.sampler import Sampler
+from tests.decode.helpers import CACHE_LENGTH, OUT_LENGTH, drafting_model
+
+
+def _reference(tokens, min_match, max_drafts):
+  """The longest suffix (<= MAX_MATCH tokens) seen before, its latest occurrence, the tokens
+  that followed it (up to the end), read off a Python list."""
+  end = len(tokens)
+  for n in range(lookup_drafts.MAX_MATCH, min_match - 1, -1):
+    suffix = tokens[end - n:]
+    for start in range(end - n - 1, -1, -1):
+      if n <= end - 1 and tokens[start:start + n] == suffix:
+        return tokens[start + n:start + n + max_drafts]
+  return []
+
+
+def test_propose_matches_a_plain_search():
+  rng = np.random.default_rng(0)
+  rows, length, cases = 6, 40, 0
+  for trial in range(30):
+    history = rng.integers(0, 3 + trial % 4, size=(rows, length))      # small vocabularies repeat
+    end = rng.integers(0, length, size=rows)
+    min_match = 1 + trial % 3
+    drafts, count, found = lookup_drafts.propose(jnp.asarray(history, jnp.int32),
+                                                 jnp.asarray(end, jnp.int32), min_match, 3)
+    for r in range(rows):
+      want = _reference(history[r, :end[r] + 1].tolist(), min_match, 3)
+      assert bool(found[r]) == bool(want)
+      assert np.asarray(drafts[r, :int(count[r])]).tolist() == want
+      cases += bool(want)
+  assert 0 < cases < 30 * rows                      # some rows find a match, some do not
+
+
+def test_record_writes_each_rows_committed_tokens_after_its_slot():
+  history = lookup_drafts.initial(12, jnp.asarray([[5, 6, 0], [7, 8, 9]]), jnp.asarray([1, 2]),
+                                  jnp.asarray([3, 4]))
+  assert history[:, :5].tolist() == [[5, 6, 1, 0, 0], [7, 8, 9, 2, 0]]
+  history = lookup_drafts.record(history, jnp.asarray([2, 3]), jnp.asarray([[3, 4, 99], [5, 0, 0]]),
+                                 jnp.asarray([2, 1]))
+  assert history[:, :6].tolist() == [[5, 6, 1, 3, 4, 0], [7, 8, 9, 2, 5, 0]]
+
+
+def test_take_replaces_the_micro_drafts_of_the_rows_that_use_lookup():
+  tokens = jnp.asarray([[1, 10, 11, 12], [2, 20, 21, 0]])
+  got, length, accept = lookup_drafts.take(
+      jnp.asarray([True, False]), jnp.asarray([[7, 8, 9], [7, 8, 9]]), jnp.asarray([2, 3]),
+      tokens, jnp.asarray([4, 3]), jnp.full((2, 4), 0.5))
+  assert got.tolist() == [[1, 7, 8, 0], [2, 20, 21, 0]]
+  assert length.tolist() == [3, 3]
+  assert accept.tolist() == [[1.0] * 4, [0.5] * 4]
+
+
+PROMPTS = [[1, 5, 7, 1, 5, 7, 1], [3, 9, 11, 2, 4], [7], [8, 8, 8, 8], [2] * 20, [100, 3],
+           [17] * 9, [200, 201, 202, 200, 201]]
+
+
+@functools.lru_cache(maxsize=None)
+def _samplers():
+  cfg, params = drafting_model()
+  kw = dict(cache_length=CACHE_LENGTH, out_length=OUT_LENGTH)
+  return (Sampler(cfg, params, base=True, **kw),
+          {m: Sampler(cfg, params, verify=True, lookup_drafts=m, **kw) for m in (0, 1, 2)})
+
+
+@pytest.mark.parametrize("rows", [1, 8])
+def test_lookup_drafts_keep_the_base_answer_and_change_the_drafts(rows):
+  base, verified = _samplers()
+  prompts = PROMPTS[:rows] if rows > 1 else PROMPTS[:1]
+  want = base.decode(prompts, max_new_tokens=24)
+  counts = {}
+  for m, sampler in verified.items():
+    got = sampler.decode(prompts, max_new_tokens=24, confidence=0.5)
+    # [2] * 20 fills the 32-slot buffer: no forward commits past where the base stops.
+    assert got.tokens == want.tokens and got.finish_reasons == want.finish_reasons, m
+    counts[m] = np.asarray(got.draft_counts)
+  # Drafts looked up in the row's tokens replace the micro decoder's: other drafts are checked.
+  assert not np.array_equal(counts[0], counts[1])
+  assert verified[2].engine.lookup_drafts == 2 and verified[0].engine.lookup_drafts == 0
+
+
+def test_the_default_is_on_for_verified_decoding_of_one_chain_only():
+  cfg, params = drafting_model()
+  kw = dict(cache_length=CACHE_LENGTH, out_length=OUT_LENGTH)
+  assert Sampler(cfg, params, verify=True, **kw).engine.lookup_drafts == \
+      lookup_drafts.DEFAULT_MIN_MATCH
+  assert Sampler(cfg, params, **kw).engine.lookup_drafts == 0
+  assert Sampler(cfg, params, verify=True, draft_branches=2, **kw).engine.lookup_drafts == 0
+  for bad, message in [(dict(lookup_drafts=2), "add verify"),
+                       (dict(verify=True, draft_branches=2, lookup_drafts=2), "one chain"),
+                       (dict(verify=True, lookup_drafts=9), "0..8")]:
+    with pytest.raises(DecodeInputError, match=message):
+      Sampler(cfg, params, **kw, **bad)
+
+
+def test_continuous_batching_keeps_each_slots_own_history():
+  """Requests admitted into slots that earlier requests used decode as alone."""
+  cfg, params = drafting_model()
+  base, _ = _samplers()
+  batcher = ContinuousBatcher(cfg, params, num_slots=2, cache_length=CACHE_LENGTH,
+                              chunk_steps=3, verify=True, lookup_drafts=1)
+  lengths = [9, 17, 5, 12, 20]
+  done = batcher.generate([Request(prompt_ids=p, max_new_tokens=n, confidence=0.5)
+                           for p, n in zip(PROMPTS, lengths)])
+  for c, p, n in zip(done, PROMPTS, lengths):
+    assert c.tokens == base.decode([p], max_new_tokens=n).tokens[0]
