@@ -70,13 +70,12 @@ def _samplers():
   cfg, params = drafting_model()
   kw = dict(cache_length=CACHE_LENGTH, out_length=OUT_LENGTH)
   return (Sampler(cfg, params, base=True, **kw),
-          {m: Sampler(cfg, params, verify=True, lookup_drafts=m, **kw) for m in (0, 1, 2)})
+          {m: Sampler(cfg, params, verify=True, lookup_drafts=m, **kw) for m in (0, 1)})
 
 
-@pytest.mark.parametrize("rows", [1, 8])
-def test_lookup_drafts_keep_the_base_answer_and_change_the_drafts(rows):
+def test_lookup_drafts_keep_the_base_answer_and_change_the_drafts():
   base, verified = _samplers()
-  prompts = PROMPTS[:rows] if rows > 1 else PROMPTS[:1]
+  prompts = PROMPTS
   want = base.decode(prompts, max_new_tokens=24)
   counts = {}
   for m, sampler in verified.items():
@@ -86,7 +85,7 @@ def test_lookup_drafts_keep_the_base_answer_and_change_the_drafts(rows):
     counts[m] = np.asarray(got.draft_counts)
   # Drafts looked up in the row's tokens replace the micro decoder's: other drafts are checked.
   assert not np.array_equal(counts[0], counts[1])
-  assert verified[2].engine.lookup_drafts == 2 and verified[0].engine.lookup_drafts == 0
+  assert verified[1].engine.lookup_drafts == 1 and verified[0].engine.lookup_drafts == 0
 
 
 def test_the_default_is_on_for_verified_decoding_of_one_chain_only():

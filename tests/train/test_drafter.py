@@ -35,10 +35,11 @@ def test_the_decode_walk_visits_only_the_rows_after_each_committed_token():
 
 @functools.lru_cache(maxsize=None)
 def _decoded(steps: int = 4):
-  """Verified greedy answers of the drafting model, steps - 1 drafts proposed every forward."""
+  """Verified greedy answers of the drafting model, steps - 1 of the micro decoder's drafts
+  proposed every forward (no lookup drafts: the cache teaches the micro decoder alone)."""
   cfg, params = drafting_model()
   sampler = Sampler(cfg, params, cache_length=CACHE_LENGTH, out_length=OUT_LENGTH, verify=True,
-                    verify_steps=steps)
+                    verify_steps=steps, lookup_drafts=0)
   result = sampler.decode(PROMPTS, max_new_tokens=24, confidence=0.001, min_token_prob=0.0)
   pairs = [(list(p), list(result.tokens[r])) for r, p in enumerate(PROMPTS)]
   return cfg, params, result, pairs
