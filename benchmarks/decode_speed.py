@@ -56,7 +56,7 @@ GROUPS = {            # flags that apply to one measurement only (dest: default)
     "verify": {"prompt_sets": "both,code", "draft_confidences": "0.001,0.3,0.5",
                "verify_prompts": 24, "verify_batching": "static", "width_rules": "off",
                "verify_steps": "", "draft_branches": "1", "drafter_quantize": "none",
-               "lookup_drafts": ""},
+               "lookup_drafts": "", "verify_temperature": 0.0},
 }
 DEFAULTS = {"sampler": dict(batch_sizes="1,8", out=("step_costs", "decode_speed.json")),
             "micro_layers": dict(max_new_tokens=128, out=("step_costs", "micro_layers.json")),
@@ -130,6 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
   v.add_argument("--lookup_drafts",
                  help="lookup drafts' least match, comma-separated, e.g. 0,2 (0: off; "
                       "decode/lookup_drafts.py; default: the engine's)")
+  v.add_argument("--verify_temperature", type=float,
+                 help="sample the base and verified decoding alike at this temperature (seed 0 "
+                      "per batch; answers then agree in distribution, not token for token; "
+                      "default 0: greedy)")
   p.set_defaults(**GROUPS["sampler"], **GROUPS["batched"], **GROUPS["verify"])
   return p
 
@@ -214,6 +218,11 @@ def parse_args(argv=None):
     _list_error(parser, "draft_branches", args.draft_branches, positive_ints,
                 lambda v: bool(v) and all(1 <= k <= 8 for k in v),
                 "comma-separated chain counts in 1..8 are needed, e.g. --draft_branches=1,2")
+    if not 0.0 <= args.verify_temperature <= 10.0:
+      parser.error(f"--verify_temperature must be in [0, 10] (0: greedy), got "
+                   f"{args.verify_temperature}")
+    if args.verify_temperature and args.verify_batching != "static":
+      parser.error("--verify_temperature samples static batches: add --verify_batching=static")
     if args.lookup_drafts:
       _list_error(parser, "lookup_drafts", args.lookup_drafts,
                   lambda t: [int(x) for x in t.split(",")],

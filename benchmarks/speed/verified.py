@@ -24,6 +24,8 @@ drafter alone in int8 (`model/quantize.py`; the base, and so every answer, as st
 --lookup_drafts 0,2: verified decoding without and with drafts looked up in the row's own tokens
 where its last 2 or more repeat an earlier stretch (`decode/lookup_drafts.py`; default: the
 engine's default).
+--verify_temperature 0.7: the base and verified decoding both sample at that temperature (static
+batches; same_as_base is then None: the answers agree in distribution, tests/decode/test_verify.py).
 """
 
 from __future__ import annotations
@@ -59,15 +61,15 @@ def _run(sampler, prompts, b, max_new_tokens, **knobs):
 
 
 def _row(prompt_set, b, variant, base, answers, forwards, seconds, counts, base_seconds,
-         batching="static"):
+         batching="static", temperature=0.0):
   confidence, rule, steps, branches, quantize, lookup = variant
   tokens = sum(len(a) for a in answers)
   reached, accepted = counts or ([None] * (steps - 1), [None] * (steps - 1))
   return {
       "prompt_set": prompt_set, "batching": batching, "batch": b, "confidence": confidence,
       "width_rule": rule, "verify_steps": steps, "draft_branches": branches,
-      "drafter_quantize": quantize, "lookup_drafts": lookup,
-      "same_as_base": answers == base, "tokens": tokens,
+      "drafter_quantize": quantize, "lookup_drafts": lookup, "temperature": temperature,
+      "same_as_base": answers == base if temperature == 0.0 else None, "tokens": tokens,
       "tokens_per_forward": tokens / max(sum(forwards), 1),
       "acceptance": [a / r if r else None for r, a in zip(reached, accepted)],
       "drafts_reached": reached, "drafts_accepted": accepted,
@@ -118,10 +120,11 @@ def _static_rows(args, d, prompts, cache_length, prompt_set) -> list[dict]:
                                             draft_width_rule=rule, verify_steps=steps,
                                             draft_branches=k, lookup_drafts=m)
             for rule, steps, k, q, m in {v[1:] for v in _variants(args, d)}}
-  rows = []
+  rows, t = [], args.verify_temperature
+  sampled = dict(temperature=t, seed=0) if t else {}
   for b in args.batch_sizes:
-    settings = [("base", base, {})] + [
-        (v, verify[v[1:]], dict(confidence=v[0], min_token_prob=0.0))
+    settings = [("base", base, sampled)] + [
+        (v, verify[v[1:]], dict(confidence=v[0], min_token_prob=0.0, **sampled))
         for v in _variants(args, d)]
     for _, sampler, knobs in settings:                      # compile, then time
       sampler.decode(prompts[:b], max_new_tokens=args.max_new_tokens, **knobs)
@@ -133,7 +136,7 @@ def _static_rows(args, d, prompts, cache_length, prompt_set) -> list[dict]:
     for v in _variants(args, d):
       answers, forwards, _, counts = runs[v][0]
       rows.append(_row(prompt_set, b, v, runs["base"][0][0], answers, forwards, median(v),
-                       counts, median("base")))
+                       counts, median("base"), temperature=t))
   return rows
 
 
@@ -177,12 +180,13 @@ def format_table(result: dict) -> str:
   fmt = lambda x: "-" if x is None else f"{x:.2f}"
   return markdown_table(
       ["prompts", "batching", "batch", "confidence", "width rule", "steps", "chains",
-       "drafter", "lookup", "same as base",
+       "drafter", "lookup", "temperature", "same as base",
        "tokens/forward", "acceptance per draft", "tokens/s", "base tokens/s", "vs base"],
       [[r["prompt_set"], r.get("batching", "static"), r["batch"], r["confidence"],
         {True: "on", False: "off"}.get(r.get("width_rule"), "-"), r.get("verify_steps", 4),
         r.get("draft_branches", 1), r.get("drafter_quantize", "none"),
-        "-" if r.get("lookup_drafts") is None else r["lookup_drafts"], r["same_as_base"],
+        "-" if r.get("lookup_drafts") is None else r["lookup_drafts"], r.get("temperature", 0.0),
+        "-" if r["same_as_base"] is None else r["same_as_base"],
         f"{r['tokens_per_forward']:.2f}", "/".join(fmt(a) for a in r["acceptance"]),
         f"{r['tokens_per_s']:.1f}", f"{r['base_tokens_per_s']:.1f}", f"{r['speedup']:.2f}x"]
        for r in result["rows"]])

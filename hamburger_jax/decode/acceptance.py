@@ -72,10 +72,11 @@ def accept_greedy(logits, pending, num_drafts):
   return accepted, jnp.take_along_axis(g, accepted[:, None], axis=1)[:, 0], flags
 
 
-def accept_sampled(p, q, pending, num_drafts, keys):
+def accept_sampled(p, q, pending, num_drafts, keys, fixed=None):
   """The Leviathan/Chen rule. p [B, S, V]: the base's processed distributions after each pending
   input; q: the distributions drafts 1..S-1 were drawn from (`draft_probs`: [B, S, V], or over a
-  draft vocabulary (q_k [B, S, K], ids [K])); keys [B, 2].
+  draft vocabulary (q_k [B, S, K], ids [K])); keys [B, 2]; fixed [B] bool (or None): rows whose
+  drafts were chosen, not drawn (lookup drafts), so that each q_i is one-hot at d_i.
   Draft i is accepted with probability min(1, p_{i-1}(d_i) / q_i(d_i)), in order; at the first
   rejection the next token is drawn from normalise(max(p - q, 0)), else from p after the last
   draft. -> (accepted [B], next token [B], accepted flags [B, S-1])."""
@@ -85,6 +86,8 @@ def accept_sampled(p, q, pending, num_drafts, keys):
   is_draft = is_id(jnp.arange(p.shape[-1]))
   pd = _pick(p[:, :-1], is_draft, axis=2)                                 # p_{i-1}(d_i)
   qd = _pick(q[:, 1:], is_draft if ids is None else is_id(ids), axis=2)   # q_i(d_i)
+  if fixed is not None:
+    qd = jnp.where(fixed[:, None], 1.0, qd)
   u = jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, _ACCEPT_FOLD), (s - 1,)))(keys)
   ok = (u * qd < pd) & (jnp.arange(1, s)[None, :] <= num_drafts[:, None])
   flags = jnp.cumprod(ok, axis=1).astype(bool)
@@ -94,6 +97,9 @@ def accept_sampled(p, q, pending, num_drafts, keys):
   q_next = _pick(q, at(jnp.minimum(accepted + 1, s - 1)), axis=1)         # [B, V] or [B, K]
   if ids is not None:                  # only this row is spread over the vocabulary
     q_next = jnp.zeros_like(p_a).at[:, ids].set(q_next)
+  if fixed is not None:                # a rejected fixed draft: p without that token
+    d_next = jnp.take_along_axis(pending, jnp.minimum(accepted + 1, s - 1)[:, None], axis=1)[:, 0]
+    q_next = jnp.where(fixed[:, None], jax.nn.one_hot(d_next, p.shape[-1], dtype=p.dtype), q_next)
   residual = jnp.maximum(p_a - q_next, 0.0)
   rejected = (accepted < num_drafts)[:, None] & (jnp.sum(residual, -1, keepdims=True) > 0)
   dist = jnp.where(rejected, residual, p_a)

@@ -337,7 +337,7 @@ _HELP = {
                       "per forward where a wider forward costs little (accelerators)",
     "lookup_drafts": "--verify: where a row's last N or more tokens repeat an earlier stretch "
                      "of its prompt or answer, draft what followed it there instead of the "
-                     "micro decoder's drafts (greedy rows; 0: off)",
+                     "micro decoder's drafts (0: off)",
     "quantize": "weights the decode loop reads: 'none' (as stored), 'int8' (int8 with "
                 "per-output-channel scales, quantized once at load: half the weight bytes of "
                 "bfloat16 per step), 'int8:G' (a scale per group of G inputs, e.g. int8:64; G "

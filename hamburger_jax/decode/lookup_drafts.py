@@ -7,7 +7,8 @@ forward the row's tokens end with some suffix; where that suffix appeared earlie
 that followed it there are the next drafts, in place of the micro decoder's, when the match is
 at least `min_match` tokens long. Answers repeat their prompt's names and their own phrases, so
 such drafts are often right, cost no micro-decoder pass, and the base checks them as any other
-draft (greedy rows only: a looked-up draft has no distribution for the sampling rule).
+draft (a sampled row as drafts of a one-hot q: each is accepted with the base's probability of
+it, and a rejected one's token is drawn no more at that position).
 
     history = record(history, slot, tokens, length)      # after each verified forward
     drafts, count, found = propose(history, end, min_match, max_drafts)

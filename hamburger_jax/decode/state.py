@@ -128,8 +128,10 @@ class DecodeState:
   branch_tokens: Any = None
   branch_len: Any = None
   # Lookup drafts (`decode/lookup_drafts.py`; engine.lookup_drafts): each row's committed tokens
-  # by KV slot [B, L] i32.
+  # by KV slot [B, L] i32, and whether its pending drafts were looked up [B] bool (a sampled row
+  # checks them with a one-hot q).
   history: Any = None
+  drafts_looked_up: Any = None
 
 
 def init_state(cache, last_tokens, prompt_lengths, done, rng, knobs: DecodeKnobs,

@@ -24,6 +24,8 @@ The loop state is `DecodeState` with these meanings:
   history [B, L]       each row's committed tokens by KV slot, with engine.lookup_drafts: rows
                        whose last tokens repeat an earlier stretch draft its continuation
                        (`lookup_drafts`) instead of the micro decoder's drafts
+  drafts_looked_up [B] the pending drafts were looked up: a sampled row checks them as drafts
+                       of a one-hot q
 
 The acceptance rules themselves (greedy agreement, Leviathan/Chen) are `acceptance`.
 """
@@ -60,7 +62,8 @@ def init_extras(state: ds.DecodeState, engine, prefix=None, last=None,
   if engine.lookup_drafts:
     state = state.replace(history=(
         jnp.zeros((b, engine.cache_length), jnp.int32) if prefix is None
-        else lookup_drafts.initial(engine.cache_length, prefix, last, lengths)))
+        else lookup_drafts.initial(engine.cache_length, prefix, last, lengths)),
+        drafts_looked_up=jnp.zeros((b,), bool))
   if k == 1:
     return state
   return state.replace(branch_tokens=jnp.zeros((b, k - 1, s), jnp.int32),
@@ -74,7 +77,8 @@ def draft_after(engine, params, feats, first, st: ds.DecodeState, keys, running,
   predicted from feats [B, F, D]) -> (pending [B, S] = [first, d1..dk], 1 + k [B], micro outputs [B, S, D], each
   draft's acceptance estimate given the ones before [B, S]: the stop head's continue-probability
   before it; with engine.draft_branches c > 1 also the other chains [B, c - 1, S] and their
-  lengths [B, c - 1], else None, None).
+  lengths [B, c - 1], else None, None; with engine.lookup_drafts the rows whose drafts were
+  looked up [B], else None).
 
   The micro decoder runs with `first` as its step-0 token (its prefill over the features and
   draft 1 in one pass, then one pass per further draft). A row drafts on while the stop head's
@@ -83,9 +87,9 @@ def draft_after(engine, params, feats, first, st: ds.DecodeState, keys, running,
   end there); sampling rows propose every draft they draw, so that each is drawn from the
   distribution the acceptance rule divides by. A draft tree's chain c > 0 starts from the c-th
   most probable first draft (greedy rows only; `draft_tree`): the micro decoder then runs on
-  c x B rows, chain-major. With engine.lookup_drafts, greedy rows whose tokens through slot
-  end [B] repeat an earlier stretch draft its continuation instead, without the micro decoder
-  (`lookup_drafts`).
+  c x B rows, chain-major. With engine.lookup_drafts, rows whose tokens through slot end [B]
+  repeat an earlier stretch draft its continuation instead, without the micro decoder
+  (`lookup_drafts`; a sampled row's looked-up drafts are checked as drafts of a one-hot q).
   """
   model, s, c = engine.model, engine.max_steps, engine.draft_branches
   b = first.shape[0]
@@ -102,10 +106,10 @@ def draft_after(engine, params, feats, first, st: ds.DecodeState, keys, running,
   first_accept = micro.continue_probability(model.stop_logits(params, feats[:, -1]))
   may_draft = running & (knobs.min_token_prob < 1.0) & (1 < cap) & (1 < budget) & ~is_end
   go_on = may_draft & (first_accept >= knobs.confidence)
-  looked = None
+  looked = use = None
   if engine.lookup_drafts:
     looked = lookup_drafts.propose(st.history, end, engine.lookup_drafts, s - 1)
-    use = may_draft & looked[2] & (knobs.sampling.temperature <= 0.0)
+    use = may_draft & looked[2]
     go_on = go_on & ~use
   tile = lambda x: x if c == 1 else jnp.concatenate([x] * c, axis=0)
   rank = None
@@ -146,10 +150,11 @@ def draft_after(engine, params, feats, first, st: ds.DecodeState, keys, running,
   if looked is not None:
     count = jnp.minimum(looked[1], jnp.minimum(cap, budget) - 1)
     tokens, length, accept = lookup_drafts.take(use, looked[0], count, tokens, length, accept)
+    use = use & (count > 0)
   if c == 1:
-    return tokens, length, hidden, accept, None, None
+    return tokens, length, hidden, accept, None, None, use
   others = lambda x: x[b:].reshape((c - 1, b) + x.shape[1:]).swapaxes(0, 1)
-  return (tokens[:b], length[:b], hidden[:b], accept[:b], others(tokens), others(length))
+  return (tokens[:b], length[:b], hidden[:b], accept[:b], others(tokens), others(length), None)
 
 
 # --- one verified step ---------------------------------------------------------------------------
@@ -193,7 +198,7 @@ def _check_width(engine, params, width: int, st: ds.DecodeState, pending, num_dr
   def sampled():
     p = per_position(processed_probs, logits, sampling)
     q = draft_probs(model, params, st.draft_hidden[:, :width], sampling)
-    return accept_sampled(p, q, pending, num_drafts, keys)
+    return accept_sampled(p, q, pending, num_drafts, keys, st.drafts_looked_up)
 
   accepted, nxt, flags = jax.lax.cond(jnp.all(sampling.temperature <= 0.0), greedy, sampled)
   pad = lambda x: jnp.pad(x, [(0, 0), (0, s - width)] + [(0, 0)] * (x.ndim - 2))
@@ -306,7 +311,7 @@ def verify_step(engine, params, st: ds.DecodeState) -> ds.DecodeState:
   draft_st = st.replace(num_out=num_out)
   if st.history is not None:
     draft_st = draft_st.replace(history=lookup_drafts.record(st.history, st.slot, tokens, length))
-  next_tokens, next_len, hidden, accept, other_tokens, other_len = draft_after(
+  next_tokens, next_len, hidden, accept, other_tokens, other_len, looked_up = draft_after(
       engine, params, feats, nxt, draft_st, keys, active & ~hit_eos & ~hit_stop, st.slot + length)
 
   write = lambda buf, values: ds.masked_set(buf, st.num_out - st.out_start, values, length)
@@ -326,6 +331,8 @@ def verify_step(engine, params, st: ds.DecodeState) -> ds.DecodeState:
   if other_tokens is not None:
     st = st.replace(branch_tokens=keep(other_tokens, st.branch_tokens),
                     branch_len=keep(other_len, st.branch_len))
+  if looked_up is not None:
+    st = st.replace(drafts_looked_up=keep(looked_up, st.drafts_looked_up))
   return st.replace(
       cache=cache, slot=slot, position=st.position + length, history=draft_st.history,
       group_tokens=keep(next_tokens, st.group_tokens), group_len=keep(next_len, st.group_len),

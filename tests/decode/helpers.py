@@ -7,7 +7,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hamburger_jax.decode import acceptance
 from hamburger_jax.decode import state as ds
+from hamburger_jax.decode.sampling import SamplingParams
+from hamburger_jax.model.llama import LlamaModel
 from hamburger_jax.model.batch import make_batch
 from hamburger_jax.testing.fixtures import random_params, tiny_config
 from hamburger_jax.model.hamburger import HamburgerModel
@@ -118,3 +121,21 @@ def drafting_model(micro_scale: float = 0.3):
     return x
 
   return cfg, jax.tree_util.tree_map_with_path(adjust, params)
+
+
+def base_pair_probs(cfg, params, prompt, top_k):
+  """Exact P(t1, t2) of sampling the base at temperature 1 with top-k: {(t1, t2): prob}."""
+  model = LlamaModel(cfg.base)
+  sampling = SamplingParams(jnp.ones((1,)), jnp.full((1,), top_k), jnp.ones((1,)))
+
+  def dist(tokens):
+    logits = model.apply({"params": params["base"]}, jnp.asarray([tokens])).logits[0, -1]
+    return np.asarray(acceptance.processed_probs(logits[None].astype(jnp.float32), sampling)[0])
+
+  out = {}
+  p1 = dist(prompt)
+  for t1 in np.flatnonzero(p1):
+    p2 = dist(prompt + [int(t1)])
+    for t2 in np.flatnonzero(p2):
+      out[(int(t1), int(t2))] = p1[t1] * p2[t2]
+  return out

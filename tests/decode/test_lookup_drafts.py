@@ -5,12 +5,13 @@ import functools
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from scipy import stats as scipy_stats
 
 from hamburger_jax.decode import lookup_drafts
 from hamburger_jax.decode.batching import ContinuousBatcher, Request
 from hamburger_jax.decode.prompts import DecodeInputError
 from hamburger_jax.decode.sampler import Sampler
-from tests.decode.helpers import CACHE_LENGTH, OUT_LENGTH, drafting_model
+from tests.decode.helpers import CACHE_LENGTH, OUT_LENGTH, base_pair_probs, drafting_model
 
 
 def _reference(tokens, min_match, max_drafts):
@@ -100,6 +101,46 @@ def test_the_default_is_on_for_verified_decoding_of_one_chain_only():
                        (dict(verify=True, lookup_drafts=9), "0..8")]:
     with pytest.raises(DecodeInputError, match=message):
       Sampler(cfg, params, **kw, **bad)
+
+
+@pytest.mark.slow
+def test_sampled_rows_check_looked_up_drafts_and_keep_the_base_distribution():
+  """Chi-square goodness of fit of the first two tokens against the base's exact distribution
+  (top-3 sampling, 4096 samples, p > 1e-3), the second one a looked-up draft checked as a draft of
+  a one-hot q, or the rule's residual draw. The prompt holds every token once (then 3, 9, 11), so
+  every row finds its first token earlier and drafts by lookup, and each likely first token is
+  followed there by the base's likeliest next one, so both outcomes are frequent. (Checked once:
+  with the micro decoder's q in place of the one-hot one, the same test fails, p < 1e-6.)"""
+  cfg, params = drafting_model(0.6)
+  top_k, n, tail = 3, 4096, [3, 9, 11]
+  order = [int(t) for t in np.random.RandomState(0).permutation(cfg.base.vocab_size)]
+  pairs = base_pair_probs(cfg, params, order + tail, top_k)
+  for t1 in sorted({a for a, _ in pairs}):
+    t2 = max((b for a, b in pairs if a == t1), key=lambda b: pairs[(t1, b)])
+    if t2 != t1 and t2 not in tail and t1 not in tail:
+      order.remove(t2)
+      order.insert(order.index(t1) + 1, t2)
+  prompt = order + tail
+  exact = base_pair_probs(cfg, params, prompt, top_k)
+  follows = {t1: _reference(prompt + [t1], 1, 1)[0] for t1, _ in exact}    # each row's draft
+  sampler = Sampler(cfg, params, cache_length=len(prompt) + 8, out_length=4, verify=True,
+                    lookup_drafts=1)
+  counts, looked_up, drafted = dict.fromkeys(exact, 0), 0, np.zeros(2, int)
+  for seed in range(n // 1024):
+    result = sampler.decode([prompt] * 1024, max_new_tokens=3, temperature=1.0, top_k=top_k,
+                            seed=seed, confidence=0.3, eos_ids=[])
+    for t in result.tokens:
+      counts[(t[0], t[1])] += 1
+      looked_up += t[1] == follows[t[0]]
+    drafted += np.asarray(result.draft_counts)[:, 0]
+  assert drafted[0] == n                               # every row drafted once after its first token
+  assert 0.05 * n < drafted[1] < 0.8 * n          # accepted and rejected both frequent
+  assert looked_up == drafted[1]       # accepted: the looked-up draft; rejected: never drawn again
+  keys = sorted(exact)
+  observed = np.array([counts[k] for k in keys], float)
+  expected = np.array([exact[k] for k in keys], float)
+  expected *= observed.sum() / expected.sum()
+  assert scipy_stats.chisquare(observed, expected).pvalue > 1e-3
 
 
 def test_continuous_batching_keeps_each_slots_own_history():

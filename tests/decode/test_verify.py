@@ -14,8 +14,7 @@ from hamburger_jax.decode import acceptance, verify
 from hamburger_jax.decode.batching import ContinuousBatcher, Request
 from hamburger_jax.decode.sampler import Sampler
 from hamburger_jax.decode.sampling import SamplingParams
-from hamburger_jax.model.llama import LlamaModel
-from tests.decode.helpers import CACHE_LENGTH, OUT_LENGTH, drafting_model
+from tests.decode.helpers import CACHE_LENGTH, OUT_LENGTH, base_pair_probs, drafting_model
 
 PROMPTS = [[1, 5, 7], [3, 9, 11, 2, 4], [7], [8, 8, 8, 8], [2] * 20, [100, 3], [17] * 9,
            [200, 201, 202]]
@@ -220,6 +219,29 @@ def test_accept_sampled_reads_a_draft_vocabulary_as_its_spread_distribution():
   assert outcomes == {0, 1, 2}                       # rejections and acceptances both seen
 
 
+def test_accept_sampled_checks_fixed_drafts_as_drafts_of_a_one_hot_q():
+  """Rows whose drafts were chosen, not drawn (lookup drafts: fixed), decide exactly as with q
+  one-hot at each draft, also over a draft vocabulary that lacks the draft."""
+  v, ids = 12, jnp.array([9, 2, 5, 0, 7])
+  ks = jax.random.split(jax.random.PRNGKey(4), 4)
+  p = jax.nn.softmax(jax.random.normal(ks[0], (4, 3, v)), axis=-1)
+  q_k = jax.nn.softmax(2.0 * jax.random.normal(ks[1], (4, 3, ids.size)), axis=-1)
+  pending = jax.random.randint(ks[2], (4, 3), 0, v)                 # any token, in ids or not
+  fixed, num_drafts = jnp.array([True, False, True, True]), jnp.array([2, 2, 1, 0])
+  spread = jnp.zeros((4, 3, v)).at[:, :, ids].set(q_k)
+  one_hot = jnp.where(fixed[:, None, None], jax.nn.one_hot(pending, v), spread)
+  outcomes = set()
+  for seed in range(40):
+    keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.PRNGKey(seed), i))(jnp.arange(4))
+    want = acceptance.accept_sampled(p, one_hot, pending, num_drafts, keys)
+    for q in (spread, (q_k, ids)):
+      got = acceptance.accept_sampled(p, q, pending, num_drafts, keys, fixed)
+      for a, b in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    outcomes.update(int(a) for a in want[0][:2])
+  assert outcomes == {0, 1, 2}                       # rejections and acceptances both seen
+
+
 def test_processed_probs_are_one_hot_for_greedy_rows():
   logits = jnp.array([[0.0, 2.0, 1.0], [0.0, 2.0, 1.0]])
   sampling = SamplingParams(jnp.array([0.0, 1.0]), jnp.array([0, 2]), jnp.array([1.0, 1.0]))
@@ -229,24 +251,6 @@ def test_processed_probs_are_one_hot_for_greedy_rows():
 
 
 # --- sampling: the base's distribution --------------------------------------------------------------
-
-def _base_pair_probs(cfg, params, prompt, top_k):
-  """Exact P(t1, t2) of sampling the base at temperature 1 with top-k: {(t1, t2): prob}."""
-  model = LlamaModel(cfg.base)
-  sampling = SamplingParams(jnp.ones((1,)), jnp.full((1,), top_k), jnp.ones((1,)))
-
-  def dist(tokens):
-    logits = model.apply({"params": params["base"]}, jnp.asarray([tokens])).logits[0, -1]
-    return np.asarray(acceptance.processed_probs(logits[None].astype(jnp.float32), sampling)[0])
-
-  out = {}
-  p1 = dist(prompt)
-  for t1 in np.flatnonzero(p1):
-    p2 = dist(prompt + [int(t1)])
-    for t2 in np.flatnonzero(p2):
-      out[(int(t1), int(t2))] = p1[t1] * p2[t2]
-  return out
-
 
 @pytest.mark.slow
 @pytest.mark.parametrize("branches", [1, 2])
@@ -258,18 +262,23 @@ def test_verified_sampling_reproduces_the_base_distribution(branches):
   check its first chain."""
   cfg, params = drafting_model(0.6)
   prompt, top_k, n = [3, 9, 11], 3, 4096
-  exact = _base_pair_probs(cfg, params, prompt, top_k)
+  exact = base_pair_probs(cfg, params, prompt, top_k)
   keys = sorted(exact)
 
   def p_value(sampler, **knobs):
-    counts = dict.fromkeys(keys, 0)
+    # 3 tokens: the forward after the first token may then check one draft (the budget allows it).
+    counts, drafted = dict.fromkeys(keys, 0), np.zeros(2, int)
     for seed in range(n // 1024):
-      result = sampler.decode([prompt] * 1024, max_new_tokens=2, temperature=1.0, top_k=top_k,
+      result = sampler.decode([prompt] * 1024, max_new_tokens=3, temperature=1.0, top_k=top_k,
                               seed=seed, confidence=0.3, eos_ids=[], **knobs)
       for t in result.tokens:
-        if tuple(t) not in counts:
+        if tuple(t[:2]) not in counts:
           return 0.0                       # a pair the base never samples
-        counts[tuple(t)] += 1
+        counts[tuple(t[:2])] += 1
+      if result.verified:                  # [drafts reached, accepted] at draft index 1
+        drafted += np.asarray(result.draft_counts)[:, 0]
+    if sampler.engine.verify:
+      assert drafted[0] == n and 0.02 * n < drafted[1] < 0.9 * n, drafted   # the rule decides
     observed = np.array([counts[k] for k in keys], float)
     expected = np.array([exact[k] for k in keys], float)
     expected *= observed.sum() / expected.sum()

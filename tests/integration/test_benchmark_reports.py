@@ -252,6 +252,14 @@ def test_decode_speed_verify_engine_refuses_flags_of_other_engines(capsys):
     assert "least matches in 0..8" in capsys.readouterr().err
   assert decode_speed.parse_args(["--engine", "verify", "--lookup_drafts", "0,2"])[0] \
       .lookup_drafts == "0,2"
+  for bad, message in [(["--verify_temperature", "-1"], "must be in [0, 10]"),
+                       (["--verify_temperature", "0.7", "--verify_batching", "continuous"],
+                        "samples static batches")]:
+    with pytest.raises(SystemExit):
+      decode_speed.parse_args(["--engine", "verify", *bad])
+    assert message in capsys.readouterr().err
+  assert decode_speed.parse_args(["--engine", "verify", "--verify_temperature", "0.7"])[0] \
+      .verify_temperature == 0.7
 
 
 def test_tpu_plan_checks_the_quantize_mode(capsys):
