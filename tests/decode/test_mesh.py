@@ -82,7 +82,8 @@ def test_serve_flag_parses_and_bad_meshes_are_refused_before_loading():
 @pytest.fixture(scope="module")
 def eight_devices():
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO,
-             XLA_FLAGS="--xla_force_host_platform_device_count=8")
+             XLA_FLAGS=os.environ.get("XLA_FLAGS", "")
+             + " --xla_force_host_platform_device_count=8")
   out = subprocess.run([sys.executable, "-m", "tests.decode.mesh_cases"], cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=1200)
   assert out.returncode == 0, out.stderr[-3000:]

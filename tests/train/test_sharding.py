@@ -83,7 +83,8 @@ _OVERRIDES = {"num_train_steps": 6, "logging.every_steps": 1, "eval.every_steps"
 
 def _run(workdir, devices: int, mesh, cache_dir):
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO,
-             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+             XLA_FLAGS=os.environ.get("XLA_FLAGS", "")
+             + f" --xla_force_host_platform_device_count={devices}",
              JAX_COMPILATION_CACHE_DIR=str(cache_dir),
              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
   overrides = dict(_OVERRIDES, **{f"mesh.{k}": v for k, v in mesh.items()})
