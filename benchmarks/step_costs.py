@@ -9,6 +9,7 @@ r"""What the pieces of a decode step cost, one measurement per run (picked by --
     python -m benchmarks.step_costs --what few_rows_head  # LM head at 1..32 rows
     python -m benchmarks.step_costs --what few_rows_head --rows 2,8 --repeats 50
     python -m benchmarks.step_costs --what verify_widths  # a verified forward at widths 1, 2, 4
+    python -m benchmarks.step_costs --what verify_steps   # a whole verified step at widths 1, 2, 4
     python -m benchmarks.step_costs --what greedy_pick    # argmax over the vocabulary, two forms
 
   batch          one micro prefill + micro step of the shipped model at B rows when k continue,
@@ -17,13 +18,15 @@ r"""What the pieces of a decode step cost, one measurement per run (picked by --
                  at the shipped defaults, merge work skipped or always (costs/macro_step.py)
   few_rows_head  the LM head at few rows, XLA's dot vs `layers.attend_rows` (costs/few_rows_head.py)
   verify_widths  a verified step's base forward and LM head at widths 1, 2, 4, B 1, 8, 32
-                 (costs/verify_widths.py; decode/draft_width.py's CPU_COSTS)
+                 (costs/verify_widths.py)
+  verify_steps   a whole verified step (forward, drafting, bookkeeping) at widths 1, 2, 4,
+                 B 1, 8, 32 (costs/verify_steps.py; decode/draft_width.py's CPU_COSTS)
   greedy_pick    a greedy pick over the vocabulary: jnp.argmax vs `sampling.greedy_tokens`
                  (costs/greedy_pick.py)
 Settings are timed in rotation and the median reported. Prints the JSON and a markdown table and
 writes the JSON (with "provenance": command, commit, date, machine) to
 docs/results/data/step_costs/{batch_costs,macro_step_costs,few_rows_head,verify_widths,
-greedy_pick}.json
+verify_steps,greedy_pick}.json
 unless --out.
 """
 
@@ -40,12 +43,14 @@ GROUPS = {            # flags that apply to one measurement only (dest: default)
     "macro_step": {"chunk_steps": 4, "num_prompts": 64},
     "few_rows_head": {"rows": [1, 2, 4, 8, 12, 16, 32], "vocab": 49152, "hidden": 576},
     "verify_widths": {},
+    "verify_steps": {},
     "greedy_pick": {},
 }
 DEFAULTS = {"batch": dict(batch_sizes=[8, 32], repeats=15, out="batch_costs.json"),
             "macro_step": dict(batch_sizes=[1, 8, 32], repeats=7, out="macro_step_costs.json"),
             "few_rows_head": dict(repeats=30, out="few_rows_head.json"),
             "verify_widths": dict(batch_sizes=[1, 8, 32], repeats=15, out="verify_widths.json"),
+            "verify_steps": dict(batch_sizes=[1, 8, 32], repeats=3, out="verify_steps.json"),
             "greedy_pick": dict(repeats=30, out="greedy_pick.json")}
 
 
@@ -113,6 +118,9 @@ def measure(parser, args) -> tuple[dict, str]:
   if args.what == "verify_widths":
     from benchmarks.costs import verify_widths
     return verify_widths.measure(args)
+  if args.what == "verify_steps":
+    from benchmarks.costs import verify_steps
+    return verify_steps.measure(args)
   if args.what == "greedy_pick":
     from benchmarks.costs import greedy_pick
     return greedy_pick.measure(args)

@@ -1,23 +1,23 @@
 """How many drafts a verified step sends: the forward width with the most expected tokens per cost.
 
 A verified forward runs at one of the static widths of `verify.forward_widths(S)` (1, 2, 4),
-the smallest that holds the batch's longest pending input; its cost grows with the width (on
-this project's CPU a 4-wide forward of the shipped model costs about 1.5x a 1-wide one, more
-so at larger batches; on a memory-bound accelerator about the same). Each row's drafts come with
-the stop head's estimate that each is accepted given the ones before (the verification stop
-head is trained for exactly that: `train/drafter.py`). The rule picks the width
+the smallest that holds the batch's longest pending input; a whole step's cost grows with the
+width (on this project's CPU a step at width 4, its 3 drafts drafted, costs 1.55x one without
+drafts at batch 1 and 2.0-2.3x at batch 8-32; on a memory-bound accelerator about the same as
+one without). Each row's drafts come with the stop head's estimate that each is accepted given
+the ones before (the verification stop head is trained for exactly that: `train/drafter.py`;
+looked-up drafts count as sure). The rule picks the width
 
     w* = argmax_w E(w) / cost(w),   E(w) = sum over running rows r of
                                            1 + sum_{1 <= j < w, j <= k_r} prod_{i <= j} a_{r,i}
 
 (k_r: the row's drafts, a_{r,i}: draft i's acceptance estimate) and sends each row its first
-min(k_r, w* - 1) drafts; the others are dropped unverified. With equal costs it keeps every
-draft (the widest width never buys fewer expected tokens).
+min(k_r, w* - 1) drafts. With equal costs it keeps every draft (the widest width never buys
+fewer expected tokens). Drafting stops where the rule would not send the next draft
+(`worth_drafting`), so the drafts it would drop are not drafted.
 
-Off unless asked for (`Sampler(.., draft_width_rule=True)`): on the shipped model and this CPU it
-sent fewer drafts for no gain, 1.22x / 1.24x the base with / without it at batch 1, 0.97x /
-0.96x at batch 8 (docs/results/quality.md): the costs above leave out the step's fixed work
-(drafting, bookkeeping), which makes wide forwards look dearer than they are.
+Off unless asked for (`Sampler(.., draft_width_rule=True)`): on this CPU it gained nothing over
+sending every draft at batch 1 and 8, a little at batch 32 (docs/results/quality.md).
 
     num_drafts = choose(num_drafts, accept, active, widths, costs(batch, widths))
 """
@@ -27,11 +27,12 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-# A verified step's base forward plus LM head at widths 1, 2, 4 relative to width 1, per batch
-# size: the shipped HAMburger-SmolLM2 on the 2-core CPU of docs/results/quality.md (float32,
-# 200 KV slots filled; `python -m benchmarks.step_costs --what verify_widths`).
+# A whole verified step (base forward, LM head, drafting and bookkeeping) at widths 1, 2, 4 with
+# 0, 1, 3 drafts drafted, relative to width 1, per batch size: the shipped HAMburger-SmolLM2 on
+# the 2-core CPU of docs/results/step_costs.md (`python -m benchmarks.step_costs --what
+# verify_steps`).
 CPU_WIDTHS = (1, 2, 4)
-CPU_COSTS = {1: (1.0, 1.19, 1.40), 8: (1.0, 1.21, 1.53), 32: (1.0, 1.22, 1.86)}
+CPU_COSTS = {1: (1.0, 1.38, 1.55), 8: (1.0, 1.39, 2.03), 32: (1.0, 1.56, 2.32)}
 
 
 def enabled(engine) -> bool:
@@ -58,3 +59,17 @@ def choose(num_drafts, accept, active, widths, width_costs):
   expected = expected + jnp.sum(active)
   best = jnp.asarray(widths)[jnp.argmax(expected / jnp.asarray(width_costs, jnp.float32))]
   return jnp.minimum(num_drafts, best - 1)
+
+
+def worth_drafting(depth, cap, accept, active, widths, width_costs):
+  """Whether to draft index `depth` (traced scalar, >= 1) for the batch: the rule would send a
+  draft there were the rows' later drafts estimated as their last known one.
+
+  cap [B] i32: the drafts each row may reach (0: none), accept [B, S] f32: the estimates known
+  through index `depth` (later columns are ignored), active [B] bool -> bool scalar.
+  """
+  s = accept.shape[1]
+  j = jnp.arange(s)[None, :]
+  last = jnp.take_along_axis(accept, jnp.full((accept.shape[0], 1), depth), axis=1)
+  extended = jnp.where(j <= depth, accept, last)
+  return jnp.any(choose(cap, extended, active, widths, width_costs) >= depth)

@@ -19,7 +19,7 @@ The loop state is `DecodeState` with these meanings:
   draft_counts [B, 2, S] per draft index: drafts reached (proposed, every earlier one
                        accepted), drafts accepted
   draft_accept [B, S]  the stop head's estimate that draft j is accepted given drafts < j (with
-                       `draft_width_rule` a step sends only the drafts worth their width)
+                       `draft_width_rule` a step drafts and sends only the drafts worth their width)
   branch_tokens [B, c-1, S], branch_len [B, c-1]  a draft tree's other chains (c > 1)
   history [B, L]       each row's committed tokens by KV slot, with engine.lookup_drafts: rows
                        whose last tokens repeat an earlier stretch draft its continuation
@@ -111,6 +111,8 @@ def draft_after(engine, params, feats, first, st: ds.DecodeState, keys, running,
     looked = lookup_drafts.propose(st.history, end, engine.lookup_drafts, s - 1)
     use = may_draft & looked[2]
     go_on = go_on & ~use
+  worth = _drafting_rule(engine, b, running, jnp.minimum(cap, budget) - 1,
+                         None if use is None else (use, looked[1]))
   tile = lambda x: x if c == 1 else jnp.concatenate([x] * c, axis=0)
   rank = None
   if c > 1:
@@ -143,9 +145,12 @@ def draft_after(engine, params, feats, first, st: ds.DecodeState, keys, running,
     out, cache = jax.tree_util.tree_map(tile, (out, cache))
     active, prev, drafted = keep(1, out, go_on, drafted, rank)
     carry = (jnp.int32(2), active, prev, cache, drafted)
-    return jax.lax.while_loop(lambda c: (c[0] < s) & jnp.any(c[1]), body, carry)[4]
+    more = lambda c: ((c[0] < s) & jnp.any(c[1])
+                      & worth(c[0], c[4][2], jnp.where(c[1], -1, c[4][3] - 1)))
+    return jax.lax.while_loop(more, body, carry)[4]
 
   drafted = (tokens, hidden, accept, length)
+  go_on = go_on & worth(1, accept, jnp.where(go_on, -1, 0))
   tokens, hidden, accept, length = jax.lax.cond(jnp.any(go_on), drafts, lambda d: d, drafted)
   if looked is not None:
     count = jnp.minimum(looked[1], jnp.minimum(cap, budget) - 1)
@@ -155,6 +160,28 @@ def draft_after(engine, params, feats, first, st: ds.DecodeState, keys, running,
     return tokens, length, hidden, accept, None, None, use
   others = lambda x: x[b:].reshape((c - 1, b) + x.shape[1:]).swapaxes(0, 1)
   return (tokens[:b], length[:b], hidden[:b], accept[:b], others(tokens), others(length), None)
+
+
+def _drafting_rule(engine, b, running, reach, looked):
+  """With the width rule (`draft_width`), worth(j, accept [B, S], drafted [B]) -> whether to
+  draft index j for the batch: the rule would send a draft there were the rows' later estimates
+  their last known one. drafted: the drafts a row has and ends with (-1: still drafting, up to
+  reach [B]); looked = (rows with looked-up drafts [B], their count [B]) or None: those are sent
+  as they are, estimated 1. Without the rule: always."""
+  if not draft_width.enabled(engine):
+    return lambda j, accept, drafted: jnp.bool_(True)
+  widths = forward_widths(engine.max_steps)
+  costs = draft_width.costs(b, widths)
+  fixed, count = looked if looked is not None else (jnp.zeros((b,), bool), None)
+
+  def worth(j, accept, drafted):
+    caps = jnp.where(drafted < 0, reach, drafted)
+    if count is not None:
+      caps = jnp.where(fixed, jnp.minimum(count, reach), caps)
+    accept = jnp.where(fixed[:, None], 1.0, accept)
+    return draft_width.worth_drafting(j, jnp.where(running, caps, 0), accept, running, widths,
+                                      costs)
+  return worth
 
 
 # --- one verified step ---------------------------------------------------------------------------

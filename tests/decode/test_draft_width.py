@@ -60,9 +60,10 @@ def _stop_head_says(params, continue_prob: float):
   return {**params, "micro_decoder": {**params["micro_decoder"], "stop_head": stop_head}}
 
 
-def test_the_rule_keeps_the_base_answer_and_drops_unlikely_drafts():
+@pytest.mark.parametrize("continue_prob", [0.1, 0.95])
+def test_the_rule_keeps_the_base_answer_and_drafts_only_what_it_sends(continue_prob):
   cfg, params = drafting_model()
-  params = _stop_head_says(params, 0.1)     # each draft estimated accepted 1 time in 10
+  params = _stop_head_says(params, continue_prob)    # each draft's estimated acceptance
   # The micro decoder's drafts alone (lookup drafts come with an estimate of 1: always sent).
   kw = dict(cache_length=CACHE_LENGTH, out_length=OUT_LENGTH, verify=True, lookup_drafts=0)
   base = Sampler(cfg, params, base=True, cache_length=CACHE_LENGTH, out_length=OUT_LENGTH)
@@ -74,5 +75,45 @@ def test_the_rule_keeps_the_base_answer_and_drops_unlikely_drafts():
         prompts, max_new_tokens=20, confidence=0.001)
     assert got.tokens == want
     sent[rule] = np.sum(got.draft_counts[0])                 # drafts reached, all indices
-  # 1.1 expected tokens per row do not pay for width 2 (CPU_COSTS: 1.19x width 1), nor 1.11 for 4.
-  assert sent[True] == 0 < sent[False]
+  if continue_prob < 0.5:
+    # 1.1 expected tokens per row pay for no wider forward (CPU_COSTS), so nothing is drafted.
+    assert sent[True] == 0 < sent[False]
+  else:
+    # 0.95 per draft pays for width 4 at every step: the rule sends what is drafted without it.
+    assert sent[True] == sent[False] > 0
+
+
+def _worth(j, accept, drafted, running=None, reach=3, looked=None, costs=(1.0, 1.25, 1.5)):
+  """verify._drafting_rule's answer for rows with estimates accept [B, S-1] (index 1 on)."""
+  from types import SimpleNamespace
+  from hamburger_jax.decode import verify
+  b = len(accept)
+  engine = SimpleNamespace(draft_width_rule=True, max_steps=4)
+  running = jnp.ones((b,), bool) if running is None else jnp.asarray(running)
+  accept = jnp.asarray([[1.0] + list(a) for a in accept], jnp.float32)
+  looked = None if looked is None else tuple(jnp.asarray(x) for x in looked)
+  with pytest.MonkeyPatch.context() as m:
+    m.setattr(draft_width, "costs", lambda batch, widths: costs)
+    worth = verify._drafting_rule(engine, b, running, jnp.full((b,), reach, jnp.int32), looked)
+    return bool(worth(j, accept, jnp.asarray(drafted, jnp.int32)))
+
+
+def test_drafting_stops_where_the_rule_would_not_send_the_next_draft():
+  # Before draft 1, its estimate stands for the later ones too: 0.9 -> E(4) = 3.44 pays for 4.
+  assert _worth(1, [[0.9, 1.0, 1.0]], [-1])
+  assert not _worth(1, [[0.1, 1.0, 1.0]], [-1])              # E: 1 / 1.1 / 1.11
+  # Draft 1 likely, draft 2 not: width 2 is best (1.44 against 1.26), so draft 2 is not drafted.
+  assert not _worth(2, [[0.8, 0.1, 1.0]], [-1])
+  assert _worth(2, [[0.8, 0.9, 1.0]], [-1])
+  # A row that stopped drafting counts the drafts it has; a finished row counts for nothing.
+  assert not _worth(2, [[0.95, 0.95, 0.95]], [1])
+  assert not _worth(1, [[0.95, 0.95, 0.95]], [-1], running=[False])
+
+
+def test_looked_up_drafts_are_counted_as_sure_when_deciding_to_draft():
+  # Row 0 drafts with the micro decoder (estimate 0.3: alone, not worth a wider forward); row 1
+  # has 3 looked-up drafts, which pay for width 4 -- so row 0's drafts ride along.
+  accept = [[0.3, 0.3, 0.3], [0.0, 0.0, 0.0]]
+  assert not _worth(1, accept, [-1, 0])
+  assert _worth(1, accept, [-1, 0], looked=([False, True], [3, 3]))
+  assert not _worth(1, accept, [-1, 0], looked=([False, True], [0, 0]))
