@@ -111,8 +111,8 @@ def draft_after(engine, params, feats, first, st: ds.DecodeState, keys, running,
     looked = lookup_drafts.propose(st.history, end, engine.lookup_drafts, s - 1)
     use = may_draft & looked[2]
     go_on = go_on & ~use
-  worth = _drafting_rule(engine, b, running, jnp.minimum(cap, budget) - 1,
-                         None if use is None else (use, looked[1]))
+  reach = jnp.minimum(cap, budget) - 1                  # the drafts a row may have
+  worth = _drafting_rule(engine, b, running, reach, None if use is None else (use, looked[1]))
   tile = lambda x: x if c == 1 else jnp.concatenate([x] * c, axis=0)
   rank = None
   if c > 1:
@@ -153,7 +153,7 @@ def draft_after(engine, params, feats, first, st: ds.DecodeState, keys, running,
   go_on = go_on & worth(1, accept, jnp.where(go_on, -1, 0))
   tokens, hidden, accept, length = jax.lax.cond(jnp.any(go_on), drafts, lambda d: d, drafted)
   if looked is not None:
-    count = jnp.minimum(looked[1], jnp.minimum(cap, budget) - 1)
+    count = jnp.minimum(looked[1], reach)
     tokens, length, accept = lookup_drafts.take(use, looked[0], count, tokens, length, accept)
     use = use & (count > 0)
   if c == 1:
