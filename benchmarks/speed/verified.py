@@ -14,7 +14,8 @@ to end (admissions included, for the base and verified decoding alike) and token
 acceptance per draft is reported by the static rows only. Static batches of b rows decode until
 their slowest row is done, so a row that drew fewer accepted drafts holds the batch.
 --width_rules on,off: verified decoding with and without the width rule (`decode/draft_width.py`:
-a step sends only the drafts worth its forward width's cost).
+a step sends only the drafts worth its forward width's cost; on: by the checkpoint's calibrated
+draft probabilities, else the stop head's estimates).
 --verify_steps 4,6: verified decoding at each depth (tokens a forward commits at most; default:
 the verification drafter's own, `open_checkpoint(..).verify_steps`).
 --draft_branches 1,2: verified decoding with one chain of drafts and with a draft tree of that many
@@ -60,6 +61,11 @@ def _run(sampler, prompts, b, max_new_tokens, **knobs):
   return answers, forwards, seconds, counts
 
 
+def _rule_name(rule) -> str:
+  """The width rule of a row: "off", "stop head" (its estimates) or "calibrated"."""
+  return "off" if not rule else "stop head" if rule is True else "calibrated"
+
+
 def _row(prompt_set, b, variant, base, answers, forwards, seconds, counts, base_seconds,
          batching="static", temperature=0.0):
   confidence, rule, steps, branches, quantize, lookup = variant
@@ -67,7 +73,7 @@ def _row(prompt_set, b, variant, base, answers, forwards, seconds, counts, base_
   reached, accepted = counts or ([None] * (steps - 1), [None] * (steps - 1))
   return {
       "prompt_set": prompt_set, "batching": batching, "batch": b, "confidence": confidence,
-      "width_rule": rule, "verify_steps": steps, "draft_branches": branches,
+      "width_rule": _rule_name(rule), "verify_steps": steps, "draft_branches": branches,
       "drafter_quantize": quantize, "lookup_drafts": lookup, "temperature": temperature,
       "same_as_base": answers == base if temperature == 0.0 else None, "tokens": tokens,
       "tokens_per_forward": tokens / max(sum(forwards), 1),
@@ -98,7 +104,7 @@ def measure(args) -> dict:
 def _variants(args, d) -> list[tuple[float, bool, int, int, str, int]]:
   """(drafting confidence, width rule on, verify_steps, draft_branches, drafter quantize,
   lookup drafts' least match) of every verified setting."""
-  rules = {"on": True, "off": False}
+  rules = {"on": True if d.draft_width_rule is None else d.draft_width_rule, "off": False}
   depths = ([int(x) for x in args.verify_steps.split(",")] if args.verify_steps
             else [d.verify_steps or d.config.max_steps])
   lookups = lambda k: ([int(m) for m in args.lookup_drafts.split(",")] if args.lookup_drafts
@@ -183,7 +189,7 @@ def format_table(result: dict) -> str:
        "drafter", "lookup", "temperature", "same as base",
        "tokens/forward", "acceptance per draft", "tokens/s", "base tokens/s", "vs base"],
       [[r["prompt_set"], r.get("batching", "static"), r["batch"], r["confidence"],
-        {True: "on", False: "off"}.get(r.get("width_rule"), "-"), r.get("verify_steps", 4),
+        r.get("width_rule") or "-", r.get("verify_steps", 4),
         r.get("draft_branches", 1), r.get("drafter_quantize", "none"),
         "-" if r.get("lookup_drafts") is None else r["lookup_drafts"], r.get("temperature", 0.0),
         "-" if r["same_as_base"] is None else r["same_as_base"],

@@ -26,6 +26,7 @@ from typing import Sequence
 
 import numpy as np
 
+from hamburger_jax.decode import draft_width
 from hamburger_jax.decode import loop as lp
 from hamburger_jax.decode import lookup_drafts as lookup_lib
 from hamburger_jax.decode import mesh as mesh_lib
@@ -112,7 +113,7 @@ class ContinuousBatcher:
   verify: verified decoding (`decode/verify.py`): every answer is the base's own.
   verify_steps: its tokens per forward at most (`models.verify_depth`); None: max_steps.
   draft_width_rule: verified steps send only the drafts worth their width (`draft_width`; None:
-  off).
+  off; True or a calibration as Sampler's).
   draft_branches: verified steps check a tree of this many draft chains (`draft_tree`); 1: one.
   mesh: a jax Mesh to decode on (`decode/mesh.py`: params, KV buffers and slots sharded).
   kv_cache: what the KV buffers store, "model" or "int8" (`model/kv_cache.py`).
@@ -123,7 +124,7 @@ class ContinuousBatcher:
                micro_policy: str = "all", min_prompt_bucket: int = 16,
                compact_micro_steps: bool | None = None,
                skip_unmerged: bool | None = None, draft_vocab=None, verify: bool = False,
-               mesh=None, draft_width_rule: bool | None = None, kv_cache: str = "model",
+               mesh=None, draft_width_rule=None, kv_cache: str = "model",
                verify_steps: int | None = None,
                draft_branches: int = 1, lookup_drafts: int | None = None):
     for name, value in (("num_slots", num_slots), ("cache_length", cache_length),
@@ -134,6 +135,7 @@ class ContinuousBatcher:
     check_kv_cache(kv_cache, model.llama)
     try:
       check_branches(draft_branches, verify, draft_width_rule)
+      draft_width_rule = draft_width.resolve(draft_width_rule)
       lookup_drafts = lookup_lib.resolve(lookup_drafts, verify, draft_branches)
     except ValueError as e:
       raise DecodeInputError(str(e)) from None

@@ -16,6 +16,8 @@ many code-fence tokens).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import os
 from typing import Any
 
@@ -23,6 +25,7 @@ import numpy as np
 
 from hamburger_jax.convert import CheckpointError, load_model
 from hamburger_jax.decode import draft_vocab as draft_vocab_lib
+from hamburger_jax.decode import draft_width
 from hamburger_jax.decode import state as ds
 from hamburger_jax.decode.models import MAX_VERIFY_STEPS
 from hamburger_jax.decode.prompts import UsageError
@@ -34,6 +37,7 @@ from hamburger_jax.text.tokenizer import Tokenizer
 
 DEFAULT_KNOBS = {"confidence": 0.8, "min_token_prob": 0.0}   # when the checkpoint recommends none
 VERIFY_DRAFTER_FILE = "verify_drafter.safetensors"   # the micro decoder for verified decoding
+VERIFY_CALIBRATION_FILE = "verify_calibration.json"   # its drafts' acceptance calibration
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +54,9 @@ class Decodable:
   draft_vocab: np.ndarray | None  # token ids drafts choose from; None = all
   eos_ids: tuple[int, ...]        # model EOS ids (+ tokenizer stop ids when chat)
   verify_steps: int | None = None  # verified decoding's depth its drafter was made for; None: S
+  # Verified decoding's width rule from the drafter's acceptance calibration (`draft_width`), or
+  # None (no calibration, or not verified).
+  draft_width_rule: Any = None
 
   @property
   def llama(self) -> LlamaConfig:
@@ -107,6 +114,12 @@ def check_lookup_drafts(min_match: int, verify: bool, branches: int) -> None:
 def lookup_setting(min_match: int, verify: bool, branches: int) -> int:
   """The engine's lookup_drafts for these flags (off without verified decoding of one chain)."""
   return min_match if verify and branches == 1 else 0
+
+
+def width_rule(wanted: bool, calibration, branches: int):
+  """The `draft_width_rule` of verified decoding: the checkpoint's calibration (Decodable's) when
+  wanted and one chain is drafted (a draft tree sends every chain), else None."""
+  return calibration if wanted and branches == 1 else None
 
 
 def check_draft_branches(branches: int, verify: bool) -> None:
@@ -180,7 +193,8 @@ def open_checkpoint(ckpt: str, *, base_config: str | None = None, tokenizer: str
       draft_vocab=None if base_only else load_draft_vocab(
           draft_vocab, ckpt_dir, cfg),
       eos_ids=tuple(eos),
-      verify_steps=verify_drafter_steps(ckpt_dir) if verify and not base_only else None)
+      verify_steps=verify_drafter_steps(ckpt_dir) if verify and not base_only else None,
+      draft_width_rule=verify_calibration(ckpt_dir) if verify and not base_only else None)
 
 
 def checkpoint_dir(ckpt: str) -> str:
@@ -201,6 +215,31 @@ def verify_drafter_steps(ckpt_dir: str) -> int | None:
     raise CheckpointError(f"{path} records verify_steps {steps!r}, not a whole number: rewrite it "
                           "with hamburger_jax.recipes.verify_drafter or delete it.")
   return None if steps is None else int(steps)
+
+
+def verify_calibration(ckpt_dir: str):
+  """The acceptance calibration of ckpt_dir's verification drafter (VERIFY_CALIBRATION_FILE,
+  written by `hamburger_jax.recipes.acceptance_calibration` for that very drafter file) as a
+  `draft_width.Calibration`, or None (no drafter or no calibration)."""
+  drafter = os.path.join(ckpt_dir, VERIFY_DRAFTER_FILE) if os.path.isdir(ckpt_dir) else ""
+  path = os.path.join(ckpt_dir, VERIFY_CALIBRATION_FILE) if drafter else ""
+  if not os.path.isfile(drafter) or not os.path.isfile(path):
+    return None
+
+  fix = ("refit it with `python -m hamburger_jax.recipes.acceptance_calibration --ckpt_dir "
+         f"{ckpt_dir}` or delete it.")
+  try:
+    with open(path, encoding="utf-8") as f:
+      record = json.load(f)
+    calib = draft_width.check_calibration(record["slope_intercept"])
+    want = str(record["drafter_sha256"])
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise CheckpointError(f"{path} is not an acceptance calibration ({e}): {fix}") from None
+  with open(drafter, "rb") as f:
+    have = hashlib.sha256(f.read()).hexdigest()
+  if have != want:
+    raise CheckpointError(f"{path} was fit for another {VERIFY_DRAFTER_FILE}: {fix}")
+  return calib
 
 
 def load_verify_drafter(ckpt_dir: str, params):

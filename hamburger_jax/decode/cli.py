@@ -22,7 +22,7 @@ from hamburger_jax.convert import CheckpointError
 from hamburger_jax.decode import prompts as prompts_lib
 from hamburger_jax.decode import verify
 from hamburger_jax.decode.checkpoint import (Decodable, check_checkpoint, check_draft_branches,
-                                             check_lookup_drafts, lookup_setting,
+                                             check_lookup_drafts, lookup_setting, width_rule,
                                              check_kv_cache, check_quantize, check_verify_steps,
                                              open_checkpoint, resolve_knobs)
 from hamburger_jax.decode.chunks import decode_chunks
@@ -80,6 +80,7 @@ class DecodeArgs:
   verify_steps: int = 0             # --verify: tokens per forward at most (0: the drafter's)
   draft_branches: int = 1           # --verify: chains of drafts checked as one tree
   lookup_drafts: int = 2            # --verify: draft repeats of >= this many tokens (0: off)
+  width_rule: bool = False          # --verify: send only the drafts worth their forward's width
   quantize: str = "none"            # "int8": per-channel scales; "int8:G": per group of G inputs
   mesh: str = ""                    # "data=2,tensor=4": one model over a device mesh ("" = one)
   kv_cache: str = "model"           # what the KV buffers store: the model's dtype or "int8"
@@ -225,7 +226,8 @@ def _samplers(a: DecodeArgs, d: Decodable, prompts):
                     verify=a.verify, mesh=mesh, kv_cache=a.kv_cache,
                     verify_steps=(a.verify_steps or d.verify_steps) if a.verify else None,
                     draft_branches=a.draft_branches,
-                    lookup_drafts=lookup_setting(a.lookup_drafts, a.verify, a.draft_branches))
+                    lookup_drafts=lookup_setting(a.lookup_drafts, a.verify, a.draft_branches),
+                    draft_width_rule=width_rule(a.width_rule, d.draft_width_rule, a.draft_branches))
   sampler.check_prompts(prompts)
   knobs = dict(max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_k=a.top_k,
                top_p=a.top_p, seed=a.seed,
@@ -338,6 +340,10 @@ _HELP = {
     "lookup_drafts": "--verify: where a row's last N or more tokens repeat an earlier stretch "
                      "of its prompt or answer, draft what followed it there instead of the "
                      "micro decoder's drafts (0: off)",
+    "width_rule": "--verify: a forward sends only the drafts worth its width's cost, weighed by "
+                  "each draft's calibrated probability (the checkpoint's "
+                  "verify_calibration.json; without one every draft is sent): faster at batch 1 "
+                  "on a CPU, not at batch 8 (docs/results/quality.md)",
     "quantize": "weights the decode loop reads: 'none' (as stored), 'int8' (int8 with "
                 "per-output-channel scales, quantized once at load: half the weight bytes of "
                 "bfloat16 per step), 'int8:G' (a scale per group of G inputs, e.g. int8:64; G "

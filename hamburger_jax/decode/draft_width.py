@@ -5,8 +5,11 @@ the smallest that holds the batch's longest pending input; a whole step's cost g
 width (on this project's CPU a step at width 4, its 3 drafts drafted, costs 1.55x one without
 drafts at batch 1 and 2.0-2.3x at batch 8-32; on a memory-bound accelerator about the same as
 one without). Each row's drafts come with the stop head's estimate that each is accepted given
-the ones before (the verification stop head is trained for exactly that: `train/drafter.py`;
-looked-up drafts count as sure). The rule picks the width
+the ones before: the stop head's continue-probability (`draft_width_rule=True`; the verification
+stop head is trained for exactly that: `train/drafter.py`), or, with a `Calibration` (a
+checkpoint's `verify_calibration.json`), the draft's own probability q mapped per draft index to
+sigmoid(slope * logit(q) + intercept), fit on answers the drafter never trained on
+(`train/acceptance_calibration.py`); looked-up drafts count as sure. The rule picks the width
 
     w* = argmax_w E(w) / cost(w),   E(w) = sum over running rows r of
                                            1 + sum_{1 <= j < w, j <= k_r} prod_{i <= j} a_{r,i}
@@ -16,14 +19,20 @@ min(k_r, w* - 1) drafts. With equal costs it keeps every draft (the widest width
 fewer expected tokens). Drafting stops where the rule would not send the next draft
 (`worth_drafting`), so the drafts it would drop are not drafted.
 
-Off unless asked for (`Sampler(.., draft_width_rule=True)`): on this CPU it gained nothing over
-sending every draft at batch 1 and 8, a little at batch 32 (docs/results/quality.md).
+Off unless asked for (`Sampler(.., draft_width_rule=...)`; decode.py and the server's
+`--width_rule` pass a checkpoint's calibration). The stop head's estimates rank drafts poorly and
+gained nothing on this CPU; the calibrated draft probabilities gained at batch 1, not at batch 8
+(docs/results/quality.md). Costs are a CPU's, measured on one machine; on other backends every
+width costs the same, so the rule sends every draft.
 
     num_drafts = choose(num_drafts, accept, active, widths, costs(batch, widths))
 """
 
 from __future__ import annotations
 
+from typing import Tuple
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -35,14 +44,56 @@ CPU_WIDTHS = (1, 2, 4)
 CPU_COSTS = {1: (1.0, 1.38, 1.55), 8: (1.0, 1.39, 2.03), 32: (1.0, 1.56, 2.32)}
 
 
+# Per draft index j = 1, 2, ..: (slope, intercept) of the estimate sigmoid(slope * logit(q_j) +
+# intercept) that draft j is accepted given drafts < j were (q_j: its probability under the
+# micro decoder); indices past the last take the last pair. Static: part of the engine.
+Calibration = Tuple[Tuple[float, float], ...]
+
+
 def enabled(engine) -> bool:
-  """`engine.draft_width_rule` (None: off; see the module docstring)."""
+  """`engine.draft_width_rule` (None / False: off; see the module docstring)."""
   return bool(engine.draft_width_rule)
+
+
+def calibration(engine) -> Calibration | None:
+  """The engine's draft-probability calibration, or None (off, or the stop head's estimates)."""
+  rule = engine.draft_width_rule
+  return rule if isinstance(rule, tuple) else None
+
+
+def calibrated(j: int, logprob, calib: Calibration):
+  """Draft j's (a traced or Python int >= 1) acceptance estimate [B] f32 from its log-probability
+  logprob [B]."""
+  slope, intercept = jnp.asarray(calib, jnp.float32)[jnp.minimum(j, len(calib)) - 1]
+  q = jnp.clip(jnp.exp(logprob.astype(jnp.float32)), 1e-6, 1.0 - 1e-6)
+  return jax.nn.sigmoid(slope * (jnp.log(q) - jnp.log1p(-q)) + intercept)
+
+
+def check_calibration(calib) -> Calibration:
+  """A calibration as given (a sequence of (slope, intercept) pairs) -> Calibration; ValueError
+  naming the problem otherwise."""
+  try:
+    pairs = tuple((float(a), float(b)) for a, b in calib)
+  except (TypeError, ValueError):
+    raise ValueError(f"an acceptance calibration is a list of [slope, intercept] pairs, one per "
+                     f"draft index; got {calib!r}") from None
+  if not pairs or not all(np.isfinite(pairs).all(axis=1)):
+    raise ValueError(f"an acceptance calibration needs at least one finite [slope, intercept] "
+                     f"pair; got {calib!r}")
+  return pairs
+
+
+def resolve(rule):
+  """A `draft_width_rule` as given -> the engine's: None / False / True as they are, a sequence
+  of (slope, intercept) pairs as a Calibration (ValueError if malformed)."""
+  return rule if rule is None or isinstance(rule, bool) else check_calibration(rule)
 
 
 def costs(batch: int, widths) -> tuple[float, ...]:
   """The relative cost of each width at this batch size: the measured batch size nearest below
-  (or the smallest), interpolated over the widths."""
+  (or the smallest), interpolated over the widths; 1 for every width off a CPU."""
+  if jax.default_backend() != "cpu":
+    return tuple(1.0 for _ in widths)
   sizes = sorted(CPU_COSTS)
   near = max([s for s in sizes if s <= batch] or sizes[:1])
   return tuple(float(c) for c in np.interp(widths, CPU_WIDTHS, CPU_COSTS[near]))

@@ -50,8 +50,9 @@ class DecodeEngine:
   verify: bool = False
   # A jax Mesh to decode on (`decode/mesh.py`), or None: one device.
   mesh: Any = None
-  # Verified steps send only the drafts worth their width's cost (`draft_width`; None: off).
-  draft_width_rule: bool | None = None
+  # Verified steps send only the drafts worth their width's cost (`draft_width`; None: off; True:
+  # the stop head's estimates; a draft_width.Calibration: calibrated draft probabilities).
+  draft_width_rule: Any = None
   # What the KV buffers store (`model/kv_cache.py`): "model" (its dtype) or "int8".
   kv_cache: str = "model"
   # Verified decoding drafts this many chains, a draft tree checked in one forward

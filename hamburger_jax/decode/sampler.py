@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hamburger_jax.decode import draft_width
 from hamburger_jax.decode import loop as lp
 from hamburger_jax.decode import lookup_drafts as lookup_lib
 from hamburger_jax.decode import mesh as mesh_lib
@@ -56,7 +57,9 @@ class Sampler:
   verify_steps: S of verified decoding, the tokens a forward commits at most (S - 1 drafts;
   `models.verify_depth`); None: the model's max_steps.
   draft_width_rule: a verified step sends only the drafts worth its forward width's cost
-  (`decode/draft_width.py`); None: off.
+  (`decode/draft_width.py`); None: off; True: by the stop head's estimates; (slope, intercept)
+  pairs (`Decodable.draft_width_rule`, a checkpoint's calibration): by calibrated draft
+  probabilities.
   draft_branches: verified decoding drafts this many chains after each committed token, the
   c-th from the c-th most probable first draft, and the base checks them as one tree
   (`decode/draft_tree.py`; greedy rows; a forward of 1 + c (S - 1) inputs); 1: one chain.
@@ -75,7 +78,7 @@ class Sampler:
                min_prompt_bucket: int = 16, donate: bool = True,
                compact_micro_steps: bool | None = None,
                skip_unmerged: bool | None = None, draft_vocab=None, verify: bool = False,
-               mesh=None, quantize: str | None = None, draft_width_rule: bool | None = None,
+               mesh=None, quantize: str | None = None, draft_width_rule=None,
                kv_cache: str = "model", verify_steps: int | None = None,
                draft_branches: int = 1, lookup_drafts: int | None = None):
     model, params = engine_model(cfg, params, base, draft_vocab, verify, verify_steps)
@@ -88,6 +91,7 @@ class Sampler:
       raise DecodeInputError(f"cache_length must be >= 1, got {cache_length}.")
     try:
       check_branches(draft_branches, verify, draft_width_rule)
+      draft_width_rule = draft_width.resolve(draft_width_rule)
       lookup_drafts = lookup_lib.resolve(lookup_drafts, verify, draft_branches)
     except ValueError as e:
       raise DecodeInputError(str(e)) from None

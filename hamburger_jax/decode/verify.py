@@ -18,8 +18,9 @@ The loop state is `DecodeState` with these meanings:
   draft_hidden [B, S, D] the micro decoder's outputs for d1..dk (their distributions q, sampling)
   draft_counts [B, 2, S] per draft index: drafts reached (proposed, every earlier one
                        accepted), drafts accepted
-  draft_accept [B, S]  the stop head's estimate that draft j is accepted given drafts < j (with
-                       `draft_width_rule` a step drafts and sends only the drafts worth their width)
+  draft_accept [B, S]  the estimate that draft j is accepted given drafts < j: the stop head's,
+                       or its calibrated probability (with `draft_width_rule` a step drafts and
+                       sends only the drafts worth their width, `draft_width`)
   branch_tokens [B, c-1, S], branch_len [B, c-1]  a draft tree's other chains (c > 1)
   history [B, L]       each row's committed tokens by KV slot, with engine.lookup_drafts: rows
                        whose last tokens repeat an earlier stretch draft its continuation
@@ -76,7 +77,7 @@ def draft_after(engine, params, feats, first, st: ds.DecodeState, keys, running,
   """Drafts the tokens after `first` [B] (committed at KV slot end [B]: the base's token
   predicted from feats [B, F, D]) -> (pending [B, S] = [first, d1..dk], 1 + k [B], micro outputs [B, S, D], each
   draft's acceptance estimate given the ones before [B, S]: the stop head's continue-probability
-  before it; with engine.draft_branches c > 1 also the other chains [B, c - 1, S] and their
+  before it, or with a calibrated width rule its own calibrated probability; with engine.draft_branches c > 1 also the other chains [B, c - 1, S] and their
   lengths [B, c - 1], else None, None; with engine.lookup_drafts the rows whose drafts were
   looked up [B], else None).
 
@@ -122,7 +123,12 @@ def draft_after(engine, params, feats, first, st: ds.DecodeState, keys, running,
   r = b * c
   tokens = jnp.zeros((r, s), jnp.int32).at[:, 0].set(tile(first))
   hidden = jnp.zeros((r, s, model.llama.hidden_size), jnp.float32)
-  accept = jnp.ones((r, s), jnp.float32).at[:, 1].set(tile(first_accept))
+  calib = draft_width.calibration(engine)
+  # The estimates known before draft 1: the stop head's, or none yet (the calibrated estimate of
+  # a draft is known once it is drafted; until then a draft counts as the last one known).
+  accept = jnp.ones((r, s), jnp.float32)
+  if calib is None:
+    accept = accept.at[:, 1].set(tile(first_accept))
   length = jnp.ones((r,), jnp.int32)
 
   def keep(j, out, active, drafted, rank=None):
@@ -131,7 +137,11 @@ def draft_after(engine, params, feats, first, st: ds.DecodeState, keys, running,
     take = active & p.keep
     tokens = tokens.at[:, j].set(jnp.where(take, p.token, tokens[:, j]))
     hidden = hidden.at[:, j].set(jnp.where(take[:, None], out.astype(jnp.float32), hidden[:, j]))
-    accept = accept.at[:, j + 1].set(micro.continue_probability(p.stop), mode="drop")
+    if calib is None:
+      accept = accept.at[:, j + 1].set(micro.continue_probability(p.stop), mode="drop")
+    else:
+      estimate = draft_width.calibrated(j, p.logprob, calib)
+      accept = accept.at[:, j].set(estimate).at[:, j + 1].set(estimate, mode="drop")
     return take & p.go_on, p.token, (tokens, hidden, accept, length + take)
 
   def body(c):

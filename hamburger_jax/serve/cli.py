@@ -23,11 +23,11 @@ from typing import Sequence
 
 from hamburger_jax.convert import CheckpointError
 from hamburger_jax.decode.checkpoint import (apply_quantize, check_draft_branches,
-                                             check_lookup_drafts, lookup_setting,
+                                             check_lookup_drafts, lookup_setting, width_rule,
                                              check_kv_cache, check_quantize, check_verify_steps,
                                              checkpoint_dir, code_fence_ids,
                                              load_verify_drafter, open_checkpoint, resolve_knobs,
-                                             verify_drafter_steps)
+                                             verify_calibration, verify_drafter_steps)
 from hamburger_jax.decode.prompts import UsageError
 from hamburger_jax.decode import verify
 from hamburger_jax.decode.mesh import make_decode_mesh, parse_mesh
@@ -99,6 +99,10 @@ class ServeArgs:
   lookup_drafts: int = _flag(2, "verified decoding drafts what followed an earlier stretch of a "
                                 "request's tokens where its last N or more repeat it (greedy "
                                 "requests; 0: off)")
+  width_rule: bool = _flag(False, "verified decoding sends only the drafts worth their "
+                                  "forward's width, weighed by their calibrated probabilities "
+                                  "(the checkpoint's verify_calibration.json): faster at batch 1 "
+                                  "on a CPU, not at batch 8")
   draft_branches: int = _flag(1, "verified decoding drafts this many chains and checks them as "
                                  "one tree per forward (greedy requests; more tokens per forward "
                                  "where wide forwards are cheap, e.g. accelerators)")
@@ -227,7 +231,9 @@ def mode_router(a: ServeArgs, d, make) -> engines.ModeRouter:
   verified = make({**merged.params, "micro_decoder": micro}, verify=True,
                   verify_steps=a.verify_steps or verify_drafter_steps(checkpoint_dir(a.ckpt)),
                   draft_branches=a.draft_branches,
-                  lookup_drafts=lookup_setting(a.lookup_drafts, True, a.draft_branches))
+                  lookup_drafts=lookup_setting(a.lookup_drafts, True, a.draft_branches),
+                  draft_width_rule=width_rule(a.width_rule, verify_calibration(
+                      checkpoint_dir(a.ckpt)), a.draft_branches))
   if a.warmup:
     for engine in (merged, verified):
       warm_up(engine)
@@ -255,7 +261,8 @@ def build(a: ServeArgs) -> Service:
     engine = make(d.params, verify=a.verify,
                   verify_steps=(a.verify_steps or d.verify_steps) if a.verify else None,
                   draft_branches=a.draft_branches if a.verify else 1,
-                  lookup_drafts=lookup_setting(a.lookup_drafts, a.verify, a.draft_branches))
+                  lookup_drafts=lookup_setting(a.lookup_drafts, a.verify, a.draft_branches),
+                  draft_width_rule=width_rule(a.width_rule, d.draft_width_rule, a.draft_branches))
     if a.warmup:
       warm_up(engine)
   return service_for(engine, d.config, d.tokenizer, dataclasses.replace(a, system=d.system),

@@ -50,7 +50,8 @@ class SerialEngine:
                micro_policy: str = "all", min_prompt_bucket: int = 16,
                compact_micro_steps: bool | None = None, draft_vocab=None, verify: bool = False,
                mesh=None, kv_cache: str = "model", verify_steps: int | None = None,
-               draft_branches: int = 1, lookup_drafts: int | None = None):
+               draft_branches: int = 1, lookup_drafts: int | None = None,
+               draft_width_rule=None):
     del compact_micro_steps                  # one row: every micro step runs on it alone
     if num_slots != 1:
       raise ValueError(f"SerialEngine decodes one request at a time: num_slots must be 1, got "
@@ -66,7 +67,7 @@ class SerialEngine:
                            min_prompt_bucket=min_prompt_bucket, draft_vocab=draft_vocab,
                            verify=verify, mesh=mesh, kv_cache=kv_cache,
                            verify_steps=verify_steps, draft_branches=draft_branches,
-                           lookup_drafts=lookup_drafts)
+                           lookup_drafts=lookup_drafts, draft_width_rule=draft_width_rule)
     self.max_prompt_len = cache_length
     self.params = self.sampler.params        # as placed on the device (ContinuousBatcher's too)
     self.scorer = prompt_scorer(self.sampler.engine.model, self.params, cache_length)

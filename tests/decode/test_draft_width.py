@@ -69,18 +69,38 @@ def test_the_rule_keeps_the_base_answer_and_drafts_only_what_it_sends(continue_p
   base = Sampler(cfg, params, base=True, cache_length=CACHE_LENGTH, out_length=OUT_LENGTH)
   prompts = [[1, 5, 7], [3, 9, 11, 2, 4], [7], [8, 8, 8, 8]]
   want = base.decode(prompts, max_new_tokens=20).tokens
+  # The same estimate from the drafts' own probabilities: a calibration with slope 0.
+  calibration = ((0.0, float(np.log(continue_prob / (1 - continue_prob)))),)
   sent = {}
-  for rule in (False, True):
+  for name, rule in (("off", False), ("stop head", True), ("calibrated", calibration)):
     got = Sampler(cfg, params, draft_width_rule=rule, **kw).decode(
         prompts, max_new_tokens=20, confidence=0.001)
     assert got.tokens == want
-    sent[rule] = np.sum(got.draft_counts[0])                 # drafts reached, all indices
+    sent[name] = np.sum(got.draft_counts[0])                 # drafts reached, all indices
   if continue_prob < 0.5:
-    # 1.1 expected tokens per row pay for no wider forward (CPU_COSTS), so nothing is drafted.
-    assert sent[True] == 0 < sent[False]
+    # 1.1 expected tokens per row pay for no wider forward (CPU_COSTS), so nothing is sent
+    # (the stop head's estimate is known before drafting: nothing is drafted either).
+    assert sent["stop head"] == sent["calibrated"] == 0 < sent["off"]
   else:
     # 0.95 per draft pays for width 4 at every step: the rule sends what is drafted without it.
-    assert sent[True] == sent[False] > 0
+    assert sent["stop head"] == sent["calibrated"] == sent["off"] > 0
+
+
+def test_calibrated_estimates_map_each_drafts_probability():
+  q = jnp.asarray([0.2, 0.5, 0.9])
+  pairs = ((1.0, 0.0), (0.5, -1.0))
+  np.testing.assert_allclose(draft_width.calibrated(1, jnp.log(q), pairs), q, rtol=1e-5)
+  want = 1 / (1 + np.exp(-(0.5 * np.log(q / (1 - q)) - 1.0)))
+  for j in (2, 3):                                   # past the last pair: the last pair
+    np.testing.assert_allclose(draft_width.calibrated(j, jnp.log(q), pairs), want, rtol=1e-5)
+
+
+def test_a_rule_is_off_the_stop_head_or_a_checked_calibration():
+  assert [draft_width.resolve(r) for r in (None, False, True)] == [None, False, True]
+  assert draft_width.resolve([[0.3, -1], [0.4, -1.2]]) == ((0.3, -1.0), (0.4, -1.2))
+  for bad in ([], [[1.0]], [[float("nan"), 0.0]], "fast"):
+    with pytest.raises(ValueError, match="slope, intercept"):
+      draft_width.resolve(bad)
 
 
 def _worth(j, accept, drafted, running=None, reach=3, looked=None, costs=(1.0, 1.25, 1.5)):

@@ -227,7 +227,7 @@ def test_decode_speed_verify_engine_reports_the_base_answers(tmp_path):
                               "--out", str(out)])
   row, = result["rows"]
   assert row["batching"] == "static" and row["drafter_quantize"] == "none"
-  assert (row["verify_steps"], row["draft_branches"], row["width_rule"]) == (4, 2, False)
+  assert (row["verify_steps"], row["draft_branches"], row["width_rule"]) == (4, 2, "off")
   assert row["lookup_drafts"] == 0                       # lookup drafts draft one chain only
   assert row["same_as_base"] and row["tokens"] > 0
   assert row["tokens_per_forward"] > 1.0                  # the rule off: every draft is sent
