@@ -77,8 +77,9 @@ def draft_after(engine, params, feats, first, st: ds.DecodeState, keys, running,
   """Drafts the tokens after `first` [B] (committed at KV slot end [B]: the base's token
   predicted from feats [B, F, D]) -> (pending [B, S] = [first, d1..dk], 1 + k [B], micro outputs [B, S, D], each
   draft's acceptance estimate given the ones before [B, S]: the stop head's continue-probability
-  before it, or with a calibrated width rule its own calibrated probability; with engine.draft_branches c > 1 also the other chains [B, c - 1, S] and their
-  lengths [B, c - 1], else None, None; with engine.lookup_drafts the rows whose drafts were
+  before it, or with a calibrated width rule its own calibrated probability; with
+  engine.draft_branches c > 1 also the other chains [B, c - 1, S] and their lengths [B, c - 1],
+  else None, None; with engine.lookup_drafts the rows whose drafts were
   looked up [B], else None).
 
   The micro decoder runs with `first` as its step-0 token (its prefill over the features and
