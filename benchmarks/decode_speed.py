@@ -122,8 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
   v.add_argument("--draft_branches",
                  help="draft chains a verified step checks as one tree, comma-separated, e.g. "
                       "1,2 (decode/draft_tree.py; default 1)")
-  v.add_argument("--width_rules", choices=("on", "off", "on,off"),
-                 help="verified steps with the width rule (decode/draft_width.py) on and/or off")
+  v.add_argument("--width_rules",
+                 help="verified steps with the width rule (decode/draft_width.py), comma-"
+                      "separated: on (the CPU cost table), measured (costs timed at start), off")
   v.add_argument("--drafter_quantize",
                  help="the drafter's weights, comma-separated: none and/or micro:int8 (the base "
                       "stays as stored; model/quantize.py)")
@@ -223,6 +224,13 @@ def parse_args(argv=None):
                    f"{args.verify_temperature}")
     if args.verify_temperature and args.verify_batching != "static":
       parser.error("--verify_temperature samples static batches: add --verify_batching=static")
+    _list_error(parser, "width_rules", args.width_rules, lambda t: t.split(","),
+                lambda v: set(v) <= {"on", "measured", "off"} and len(set(v)) == len(v),
+                "comma-separated width rules are needed: on, measured and/or off, e.g. "
+                "--width_rules=measured,off")
+    if "measured" in args.width_rules.split(",") and args.verify_batching != "static":
+      parser.error("--width_rules measured times the costs of static batches: add "
+                   "--verify_batching=static")
     if args.lookup_drafts:
       _list_error(parser, "lookup_drafts", args.lookup_drafts,
                   lambda t: [int(x) for x in t.split(",")],

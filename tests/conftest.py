@@ -1,17 +1,18 @@
 """Shared test setup: CPU, float32 matmuls at full precision, one persistent XLA compilation
 cache for the whole run (test processes and the subprocesses they start compile many identical
 programs; the cache is made fresh per run and removed after it), and XLA's CPU code generated
-without LLVM's expensive passes (`--xla_llvm_disable_expensive_passes`: less compile time, the
-same numbers bit for bit; docs/results/tests.md)."""
+for compile and run time (`tests/xla_flags.py`: without LLVM's expensive passes, the same numbers
+bit for bit, and at backend optimisation level 0, float results moved in the last bits; the
+README's commands run as users run them; docs/results/tests.md)."""
 
 import os
 import shutil
 import tempfile
 
+from tests import xla_flags
+
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-if "xla_llvm_disable_expensive_passes" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                             + " --xla_llvm_disable_expensive_passes=true").strip()
+xla_flags.add_test_flags()
 # Set by the first process of the run (pytest, or xdist's controller); its workers and every
 # subprocess inherit the variables, so they share one cache.
 _OWN_CACHE = "JAX_COMPILATION_CACHE_DIR" not in os.environ

@@ -15,7 +15,9 @@ acceptance per draft is reported by the static rows only. Static batches of b ro
 their slowest row is done, so a row that drew fewer accepted drafts holds the batch.
 --width_rules on,off: verified decoding with and without the width rule (`decode/draft_width.py`:
 a step sends only the drafts worth its forward width's cost; on: by the checkpoint's calibrated
-draft probabilities, else the stop head's estimates).
+draft probabilities, else the stop head's estimates; costs: the CPU table, `draft_width.costs`).
+--width_rules measured,off: the rule with its costs timed at start on this machine
+(`Sampler(draft_width_costs="measure")`, `decode/width_costs.py`; static batches).
 --verify_steps 4,6: verified decoding at each depth (tokens a forward commits at most; default:
 the verification drafter's own, `open_checkpoint(..).verify_steps`).
 --draft_branches 1,2: verified decoding with one chain of drafts and with a draft tree of that many
@@ -62,8 +64,11 @@ def _run(sampler, prompts, b, max_new_tokens, **knobs):
 
 
 def _rule_name(rule) -> str:
-  """The width rule of a row: "off", "stop head" (its estimates) or "calibrated"."""
-  return "off" if not rule else "stop head" if rule is True else "calibrated"
+  """The width rule of a row (rule, costs): "off", "stop head" (its estimates) or "calibrated",
+  with ", timed" when its costs were timed at start."""
+  rule, costs = rule
+  name = "off" if not rule else "stop head" if rule is True else "calibrated"
+  return name + (", timed" if rule and costs == "measure" else "")
 
 
 def _row(prompt_set, b, variant, base, answers, forwards, seconds, counts, base_seconds,
@@ -104,7 +109,8 @@ def measure(args) -> dict:
 def _variants(args, d) -> list[tuple[float, bool, int, int, str, int]]:
   """(drafting confidence, width rule on, verify_steps, draft_branches, drafter quantize,
   lookup drafts' least match) of every verified setting."""
-  rules = {"on": True if d.draft_width_rule is None else d.draft_width_rule, "off": False}
+  on = True if d.draft_width_rule is None else d.draft_width_rule
+  rules = {"on": (on, None), "measured": (on, "measure"), "off": (False, None)}
   depths = ([int(x) for x in args.verify_steps.split(",")] if args.verify_steps
             else [d.verify_steps or d.config.max_steps])
   lookups = lambda k: ([int(m) for m in args.lookup_drafts.split(",")] if args.lookup_drafts
@@ -123,7 +129,8 @@ def _static_rows(args, d, prompts, cache_length, prompt_set) -> list[dict]:
                                             cache_length=cache_length,
                                             out_length=args.max_new_tokens, eos_ids=d.eos_ids,
                                             draft_vocab=d.draft_vocab, verify=True,
-                                            draft_width_rule=rule, verify_steps=steps,
+                                            draft_width_rule=rule[0],
+                                            draft_width_costs=rule[1], verify_steps=steps,
                                             draft_branches=k, lookup_drafts=m)
             for rule, steps, k, q, m in {v[1:] for v in _variants(args, d)}}
   rows, t = [], args.verify_temperature
@@ -164,7 +171,7 @@ def _continuous_rows(args, d, prompts, cache_length, prompt_set) -> list[dict]:
     base = ContinuousBatcher(d.config, d.params, base=True, **kw)
     verify = {(rule, steps, k, q, m): ContinuousBatcher(
         d.config, apply_mode(d.params, d.config, q), draft_vocab=d.draft_vocab, verify=True,
-        draft_width_rule=rule, verify_steps=steps, draft_branches=k, lookup_drafts=m, **kw)
+        draft_width_rule=rule[0], verify_steps=steps, draft_branches=k, lookup_drafts=m, **kw)
               for rule, steps, k, q, m in {v[1:] for v in _variants(args, d)}}
     settings = [("base", base, 1.0)] + [(v, verify[v[1:]], v[0]) for v in _variants(args, d)]
     for _, batcher, c in settings:                          # compile, then time

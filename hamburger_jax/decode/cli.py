@@ -227,7 +227,8 @@ def _samplers(a: DecodeArgs, d: Decodable, prompts):
                     verify_steps=(a.verify_steps or d.verify_steps) if a.verify else None,
                     draft_branches=a.draft_branches,
                     lookup_drafts=lookup_setting(a.lookup_drafts, a.verify, a.draft_branches),
-                    draft_width_rule=width_rule(a.width_rule, d.draft_width_rule, a.draft_branches))
+                    draft_width_rule=width_rule(a.width_rule, d.draft_width_rule, a.draft_branches),
+                    draft_width_costs="measure" if a.width_rule else None)
   sampler.check_prompts(prompts)
   knobs = dict(max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_k=a.top_k,
                top_p=a.top_p, seed=a.seed,

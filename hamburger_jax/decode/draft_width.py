@@ -22,8 +22,10 @@ fewer expected tokens). Drafting stops where the rule would not send the next dr
 Off unless asked for (`Sampler(.., draft_width_rule=...)`; decode.py and the server's
 `--width_rule` pass a checkpoint's calibration). The stop head's estimates rank drafts poorly and
 gained nothing on this CPU; the calibrated draft probabilities gained at batch 1, not at batch 8
-(docs/results/quality.md). Costs are a CPU's, measured on one machine; on other backends every
-width costs the same, so the rule sends every draft.
+(docs/results/quality.md). Costs are traced (the state's `width_costs`): by default `costs`, a
+CPU's table measured on one machine (on other backends every width costs the same, so the rule
+sends every draft); `Sampler(.., draft_width_costs="measure")` times them on the machine that
+decodes (`decode/width_costs.py`).
 
     num_drafts = choose(num_drafts, accept, active, widths, costs(batch, widths))
 """

@@ -25,6 +25,8 @@ from hamburger_jax.decode import lookup_drafts as lookup_lib
 from hamburger_jax.decode import mesh as mesh_lib
 from hamburger_jax.decode import prompts as prompts_lib
 from hamburger_jax.decode import state as ds
+from hamburger_jax.decode import verify as verify_lib
+from hamburger_jax.decode import width_costs as width_costs_lib
 from hamburger_jax.decode.compile_cache import Executables, next_pow2
 from hamburger_jax.decode.draft_tree import check_branches, forward_inputs
 from hamburger_jax.decode.prompts import DecodeInputError
@@ -60,6 +62,11 @@ class Sampler:
   (`decode/draft_width.py`); None: off; True: by the stop head's estimates; (slope, intercept)
   pairs (`Decodable.draft_width_rule`, a checkpoint's calibration): by calibrated draft
   probabilities.
+  draft_width_costs: what the width rule takes a verified step at each forward width to cost,
+  relative to the narrowest: None: `draft_width.costs` (a CPU's table; 1 elsewhere); "measure":
+  timed on this machine once per batch bucket, with the compiled loop and the call's prompts
+  (`decode/width_costs.py`; `measured_width_costs`); or one number per width. Traced: costs
+  never recompile.
   draft_branches: verified decoding drafts this many chains after each committed token, the
   c-th from the c-th most probable first draft, and the base checks them as one tree
   (`decode/draft_tree.py`; greedy rows; a forward of 1 + c (S - 1) inputs); 1: one chain.
@@ -80,7 +87,8 @@ class Sampler:
                skip_unmerged: bool | None = None, draft_vocab=None, verify: bool = False,
                mesh=None, quantize: str | None = None, draft_width_rule=None,
                kv_cache: str = "model", verify_steps: int | None = None,
-               draft_branches: int = 1, lookup_drafts: int | None = None):
+               draft_branches: int = 1, lookup_drafts: int | None = None,
+               draft_width_costs=None):
     model, params = engine_model(cfg, params, base, draft_vocab, verify, verify_steps)
     check_kv_cache(kv_cache, model.llama)
     try:
@@ -93,8 +101,13 @@ class Sampler:
       check_branches(draft_branches, verify, draft_width_rule)
       draft_width_rule = draft_width.resolve(draft_width_rule)
       lookup_drafts = lookup_lib.resolve(lookup_drafts, verify, draft_branches)
+      if draft_width_costs not in (None, "measure"):
+        draft_width_costs = width_costs_lib.check(draft_width_costs,
+                                                  verify_lib.forward_widths(model.max_steps))
     except ValueError as e:
       raise DecodeInputError(str(e)) from None
+    self.draft_width_costs = draft_width_costs
+    self.measured_width_costs: dict[int, tuple[float, ...]] = {}   # batch bucket -> costs
     spare = forward_inputs(model.max_steps, draft_branches) - 1 if verify else 0
     self.engine = lp.DecodeEngine(model, cache_length + spare, out_length or cache_length,
                                   compact_micro_steps, skip_unmerged, verify, mesh,
@@ -170,11 +183,34 @@ class Sampler:
     """Validates, pads and prefills -> (state, number of real rows). Row i samples with
     fold_in(PRNGKey(seed), i)."""
     prompts = self.check_prompts(prompts)
+    state = self._prefill(prompts, max_new_tokens, seed, micro_policy, knob_kwargs)
+    costs = self.width_costs(prompts)
+    if costs is not None:
+      state = state.replace(width_costs=width_costs_lib.as_state_costs(costs))
+    return state, len(prompts)
+
+  def _prefill(self, prompts, max_new_tokens, seed, micro_policy, knob_kwargs):
     prefix, last, lengths, pad = self.pad_prompts(prompts)
     knobs = self.make_knobs(len(pad), max_new_tokens, **knob_kwargs)
     keys = row_keys(np.full(len(pad), prompts_lib.check_seed(seed)), np.arange(len(pad)))
     return self._compiled("prefill", self.params, prefix, last, lengths, pad, keys, knobs,
-                          parse_policy(micro_policy)), len(prompts)
+                          parse_policy(micro_policy))
+
+  def width_costs(self, prompts) -> tuple[float, ...] | None:
+    """The width rule's costs for a batch of these (validated) prompts, timed first if
+    `draft_width_costs="measure"` and not yet timed for their batch bucket; None: the rule is
+    off, or the default costs (`draft_width.costs`) apply."""
+    if not draft_width.enabled(self.engine) or self.draft_width_costs is None:
+      return None
+    if self.draft_width_costs != "measure":
+      return self.draft_width_costs
+    bucket = next_pow2(len(prompts))
+    if bucket not in self.measured_width_costs:
+      timing = dict(verify_lib.DEFAULT_KNOBS, eos_ids=())   # drafts drafted, no row ends early
+      start = lambda: self._prefill(prompts, self.engine.out_length, 0, "all", timing)
+      self.measured_width_costs[bucket] = width_costs_lib.measure(
+          start, self.run, verify_lib.forward_widths(self.engine.max_steps))
+    return self.measured_width_costs[bucket]
 
   def run(self, state, step_limit: int | None = None):
     """Runs the loop until all rows are done (or until `state.iteration == step_limit`)."""
@@ -184,6 +220,7 @@ class Sampler:
   def _timed_start(self, prompts, **kwargs):
     """start() with a host sync -> (state, rows, timings dict, decode-phase timer)."""
     self.compile_s = 0.0
+    self.width_costs(self.check_prompts(prompts))    # timed once per bucket, outside prefill_s
     t0 = time.perf_counter()
     state, rows = self.start(prompts, **kwargs)
     jax.block_until_ready(state)

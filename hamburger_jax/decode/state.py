@@ -132,6 +132,10 @@ class DecodeState:
   # checks them with a one-hot q).
   history: Any = None
   drafts_looked_up: Any = None
+  # The width rule (`decode/draft_width.py`; engine.draft_width_rule): the relative cost of a
+  # verified step at each forward width (`verify.forward_widths`), a tuple of [] f32 (batch-wide;
+  # traced, so costs timed on the decoding machine never recompile).
+  width_costs: Any = None
 
 
 def init_state(cache, last_tokens, prompt_lengths, done, rng, knobs: DecodeKnobs,

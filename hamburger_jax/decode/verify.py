@@ -60,6 +60,9 @@ def init_extras(state: ds.DecodeState, engine, prefix=None, last=None,
   state = state.replace(
       draft_hidden=jnp.zeros((b, s, engine.model.llama.hidden_size), jnp.float32),
       draft_counts=jnp.zeros((b, 2, s), jnp.int32), draft_accept=jnp.ones((b, s), jnp.float32))
+  if draft_width.enabled(engine):
+    state = state.replace(width_costs=tuple(
+        jnp.float32(c) for c in draft_width.costs(b, forward_widths(s))))
   if engine.lookup_drafts:
     state = state.replace(history=(
         jnp.zeros((b, engine.cache_length), jnp.int32) if prefix is None
@@ -114,7 +117,8 @@ def draft_after(engine, params, feats, first, st: ds.DecodeState, keys, running,
     use = may_draft & looked[2]
     go_on = go_on & ~use
   reach = jnp.minimum(cap, budget) - 1                  # the drafts a row may have
-  worth = _drafting_rule(engine, b, running, reach, None if use is None else (use, looked[1]))
+  worth = _drafting_rule(engine, st.width_costs, b, running, reach,
+                         None if use is None else (use, looked[1]))
   tile = lambda x: x if c == 1 else jnp.concatenate([x] * c, axis=0)
   rank = None
   if c > 1:
@@ -173,16 +177,16 @@ def draft_after(engine, params, feats, first, st: ds.DecodeState, keys, running,
   return (tokens[:b], length[:b], hidden[:b], accept[:b], others(tokens), others(length), None)
 
 
-def _drafting_rule(engine, b, running, reach, looked):
-  """With the width rule (`draft_width`), worth(j, accept [B, S], drafted [B]) -> whether to
-  draft index j for the batch: the rule would send a draft there were the rows' later estimates
-  their last known one. drafted: the drafts a row has and ends with (-1: still drafting, up to
-  reach [B]); looked = (rows with looked-up drafts [B], their count [B]) or None: those are sent
-  as they are, estimated 1. Without the rule: always."""
+def _drafting_rule(engine, width_costs, b, running, reach, looked):
+  """With the width rule (`draft_width`; width_costs: the state's), worth(j, accept [B, S],
+  drafted [B]) -> whether to draft index j for the batch: the rule would send a draft there were
+  the rows' later estimates their last known one. drafted: the drafts a row has and ends with
+  (-1: still drafting, up to reach [B]); looked = (rows with looked-up drafts [B], their count
+  [B]) or None: those are sent as they are, estimated 1. Without the rule: always."""
   if not draft_width.enabled(engine):
     return lambda j, accept, drafted: jnp.bool_(True)
   widths = forward_widths(engine.max_steps)
-  costs = draft_width.costs(b, widths)
+  costs = jnp.stack(width_costs)
   fixed, count = looked if looked is not None else (jnp.zeros((b,), bool), None)
 
   def worth(j, accept, drafted):
@@ -334,7 +338,7 @@ def verify_step(engine, params, st: ds.DecodeState) -> ds.DecodeState:
     widths = forward_widths(s)
     if draft_width.enabled(engine):
       num_drafts = draft_width.choose(num_drafts, st.draft_accept, active, widths,
-                                      draft_width.costs(b, widths))
+                                      jnp.stack(st.width_costs))
     width = jnp.sum(jnp.asarray(widths) < 1 + jnp.max(num_drafts))   # the smallest that holds all
     branches = [functools.partial(_check_width, engine, params, w) for w in widths]
     reach = num_drafts

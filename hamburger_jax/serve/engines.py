@@ -67,7 +67,8 @@ class SerialEngine:
                            min_prompt_bucket=min_prompt_bucket, draft_vocab=draft_vocab,
                            verify=verify, mesh=mesh, kv_cache=kv_cache,
                            verify_steps=verify_steps, draft_branches=draft_branches,
-                           lookup_drafts=lookup_drafts, draft_width_rule=draft_width_rule)
+                           lookup_drafts=lookup_drafts, draft_width_rule=draft_width_rule,
+                           draft_width_costs="measure" if draft_width_rule else None)
     self.max_prompt_len = cache_length
     self.params = self.sampler.params        # as placed on the device (ContinuousBatcher's too)
     self.scorer = prompt_scorer(self.sampler.engine.model, self.params, cache_length)

@@ -112,10 +112,9 @@ def _worth(j, accept, drafted, running=None, reach=3, looked=None, costs=(1.0, 1
   running = jnp.ones((b,), bool) if running is None else jnp.asarray(running)
   accept = jnp.asarray([[1.0] + list(a) for a in accept], jnp.float32)
   looked = None if looked is None else tuple(jnp.asarray(x) for x in looked)
-  with pytest.MonkeyPatch.context() as m:
-    m.setattr(draft_width, "costs", lambda batch, widths: costs)
-    worth = verify._drafting_rule(engine, b, running, jnp.full((b,), reach, jnp.int32), looked)
-    return bool(worth(j, accept, jnp.asarray(drafted, jnp.int32)))
+  worth = verify._drafting_rule(engine, tuple(jnp.float32(c) for c in costs), b, running,
+                                jnp.full((b,), reach, jnp.int32), looked)
+  return bool(worth(j, accept, jnp.asarray(drafted, jnp.int32)))
 
 
 def test_drafting_stops_where_the_rule_would_not_send_the_next_draft():

@@ -28,6 +28,8 @@ import urllib.request
 import pytest
 from packaging.requirements import Requirement
 
+from tests import xla_flags
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 README = os.path.join(ROOT, "README.md")
 LINKED_DOCS = ("README.md", os.path.join("docs", "architecture.md"))
@@ -176,7 +178,7 @@ class ReadmeRun:
     home = os.path.join(self.tmp, "home")
     os.makedirs(home)
     path = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
-    self.env = dict(os.environ, HOME=home, PATH=path)
+    self.env = dict(xla_flags.as_users_run(os.environ), HOME=home, PATH=path)
     self.server: subprocess.Popen | None = None
     self.server_section = None
     self.ci_line = ci_test_command()
