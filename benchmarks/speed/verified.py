@@ -40,6 +40,7 @@ import time
 from hamburger_jax.decode.batching import ContinuousBatcher, Request
 from hamburger_jax.decode import lookup_drafts
 from hamburger_jax.decode.checkpoint import open_checkpoint
+from hamburger_jax.decode.compile_cache import next_pow2
 from hamburger_jax.decode.sampler import Sampler
 from hamburger_jax.model.quantize import apply_mode
 from hamburger_jax.recipes.heldout import heldout_prompts
@@ -72,7 +73,7 @@ def _rule_name(rule) -> str:
 
 
 def _row(prompt_set, b, variant, base, answers, forwards, seconds, counts, base_seconds,
-         batching="static", temperature=0.0):
+         batching="static", temperature=0.0, width_costs=None):
   confidence, rule, steps, branches, quantize, lookup = variant
   tokens = sum(len(a) for a in answers)
   reached, accepted = counts or ([None] * (steps - 1), [None] * (steps - 1))
@@ -87,6 +88,8 @@ def _row(prompt_set, b, variant, base, answers, forwards, seconds, counts, base_
       "tokens_per_s": tokens / seconds,
       "base_tokens_per_s": sum(len(a) for a in base) / base_seconds,
       "speedup": base_seconds / seconds,
+      # the rule's costs per forward width when timed at start (`Sampler.measured_width_costs`)
+      "width_costs": list(width_costs) if width_costs else None,
   }
 
 
@@ -148,8 +151,9 @@ def _static_rows(args, d, prompts, cache_length, prompt_set) -> list[dict]:
     median = lambda name: statistics.median(r[2] for r in runs[name])
     for v in _variants(args, d):
       answers, forwards, _, counts = runs[v][0]
+      costs = verify[v[1:]].measured_width_costs.get(next_pow2(b))
       rows.append(_row(prompt_set, b, v, runs["base"][0][0], answers, forwards, median(v),
-                       counts, median("base"), temperature=t))
+                       counts, median("base"), temperature=t, width_costs=costs))
   return rows
 
 
