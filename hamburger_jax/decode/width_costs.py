@@ -58,15 +58,17 @@ def measure(start: Callable, run: Callable, widths: Sequence[int], steps: int = 
   """Each width's time per verified step relative to the first width's.
 
   start() -> a freshly prefilled decode state (greedy rows that draft freely and never end
-  early: the caller's prompts with confidence ~0, no EOS ids); run(state, step_limit) -> the
-  state after the loop ran until `state.iteration == step_limit` (its compiled loop). One step
-  per width runs untimed first (the loop's compile, then warm caches); rows that finish inside
-  the timed steps are counted by the loop iterations, not assumed.
+  early: the caller's prompts with confidence ~0, no EOS ids), called once (each run starts
+  from a copy: the loop donates its state); run(state, step_limit) -> the state after the loop
+  ran until `state.iteration == step_limit` (its compiled loop). One step per run is untimed
+  (the loop's compile, then a step that drafts: the prefilled rows have no drafts pending); rows
+  that finish inside the timed steps are counted by the loop iterations, not assumed.
   """
+  prefilled = start()
   per_step = {w: [] for w in widths}
   for _ in range(rounds):
     for w in widths:
-      state = start().replace(width_costs=forcing(widths, w))
+      state = jax.tree_util.tree_map(jnp.copy, prefilled).replace(width_costs=forcing(widths, w))
       state = jax.block_until_ready(run(state, 1))
       first = int(state.iteration)
       t0 = clock()

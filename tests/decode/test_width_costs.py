@@ -1,8 +1,7 @@
 """The width rule's costs: traced in the state, and timed on the decoding machine
 (decode/width_costs.py)."""
 
-import dataclasses
-
+import flax.struct
 import numpy as np
 import pytest
 
@@ -71,14 +70,10 @@ def test_given_costs_reach_the_state():
   assert [float(c) for c in state.width_costs] == [1.0, 1.5, 2.5]
 
 
-@dataclasses.dataclass
+@flax.struct.dataclass
 class _FakeState:
   iteration: int = 0
-  width: int = 0
   width_costs: tuple = ()
-
-  def replace(self, **kw):
-    return dataclasses.replace(self, **kw)
 
 
 def test_measure_takes_each_widths_median_time_per_step_over_the_narrowest():
@@ -88,13 +83,16 @@ def test_measure_takes_each_widths_median_time_per_step_over_the_narrowest():
 
   def run(state, limit):
     w = WIDTHS[[float(c) for c in state.width_costs].index(1.0)]
-    steps = limit - state.iteration
-    clock[0] += steps * seconds[w] * (10.0 if w == 1 and state.iteration and next(slow_round)
+    steps = int(limit) - int(state.iteration)
+    clock[0] += steps * seconds[w] * (10.0 if w == 1 and int(state.iteration) and next(slow_round)
                                       else 1.0)
     return state.replace(iteration=limit)
 
-  costs = width_costs.measure(_FakeState, run, WIDTHS, clock=lambda: clock[0])
+  starts = []
+  costs = width_costs.measure(lambda: starts.append(1) or _FakeState(), run, WIDTHS,
+                              clock=lambda: clock[0])
   assert costs == pytest.approx((1.0, 1.25, 2.0))
+  assert len(starts) == 1                        # one prefill, every run from a copy of it
 
 
 def test_costs_are_checked():
