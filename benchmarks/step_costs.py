@@ -11,6 +11,7 @@ r"""What the pieces of a decode step cost, one measurement per run (picked by --
     python -m benchmarks.step_costs --what verify_widths  # a verified forward at widths 1, 2, 4
     python -m benchmarks.step_costs --what verify_steps   # a whole verified step at widths 1, 2, 4
     python -m benchmarks.step_costs --what greedy_pick    # argmax over the vocabulary, two forms
+    python -m benchmarks.step_costs --what timed_width_costs   # the width rule's costs timed
 
   batch          one micro prefill + micro step of the shipped model at B rows when k continue,
                  on all B rows and on the k gathered (benchmarks/costs/batch.py)
@@ -23,10 +24,13 @@ r"""What the pieces of a decode step cost, one measurement per run (picked by --
                  B 1, 8, 32 (costs/verify_steps.py; decode/draft_width.py's CPU_COSTS)
   greedy_pick    a greedy pick over the vocabulary: jnp.argmax vs `sampling.greedy_tokens`
                  (costs/greedy_pick.py)
+  timed_width_costs  `Sampler(draft_width_costs="measure")` timing the width rule's costs at
+                 start, B 1, 8: its seconds and the costs it times, repeated
+                 (costs/timed_width_costs.py)
 Settings are timed in rotation and the median reported. Prints the JSON and a markdown table and
 writes the JSON (with "provenance": command, commit, date, machine) to
 docs/results/data/step_costs/{batch_costs,macro_step_costs,few_rows_head,verify_widths,
-verify_steps,greedy_pick}.json
+verify_steps,greedy_pick,timed_width_costs}.json
 unless --out.
 """
 
@@ -45,13 +49,16 @@ GROUPS = {            # flags that apply to one measurement only (dest: default)
     "verify_widths": {},
     "verify_steps": {},
     "greedy_pick": {},
+    "timed_width_costs": {},
 }
 DEFAULTS = {"batch": dict(batch_sizes=[8, 32], repeats=15, out="batch_costs.json"),
             "macro_step": dict(batch_sizes=[1, 8, 32], repeats=7, out="macro_step_costs.json"),
             "few_rows_head": dict(repeats=30, out="few_rows_head.json"),
             "verify_widths": dict(batch_sizes=[1, 8, 32], repeats=15, out="verify_widths.json"),
             "verify_steps": dict(batch_sizes=[1, 8, 32], repeats=3, out="verify_steps.json"),
-            "greedy_pick": dict(repeats=30, out="greedy_pick.json")}
+            "greedy_pick": dict(repeats=30, out="greedy_pick.json"),
+            "timed_width_costs": dict(batch_sizes=[1, 8], repeats=3,
+                                      out="timed_width_costs.json")}
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -124,6 +131,9 @@ def measure(parser, args) -> tuple[dict, str]:
   if args.what == "greedy_pick":
     from benchmarks.costs import greedy_pick
     return greedy_pick.measure(args)
+  if args.what == "timed_width_costs":
+    from benchmarks.costs import timed_width_costs
+    return timed_width_costs.measure(args)
   from benchmarks.costs import batch
   from hamburger_jax.decode import draft_vocab
   try:

@@ -113,7 +113,7 @@ class ContinuousBatcher:
   verify: verified decoding (`decode/verify.py`): every answer is the base's own.
   verify_steps: its tokens per forward at most (`models.verify_depth`); None: max_steps.
   draft_width_rule: verified steps send only the drafts worth their width (`draft_width`; None:
-  off; True or a calibration as Sampler's).
+  off; True or a calibration as Sampler's), at `draft_width.costs` (not timed at start).
   draft_branches: verified steps check a tree of this many draft chains (`draft_tree`); 1: one.
   mesh: a jax Mesh to decode on (`decode/mesh.py`: params, KV buffers and slots sharded).
   kv_cache: what the KV buffers store, "model" or "int8" (`model/kv_cache.py`).

@@ -343,8 +343,9 @@ _HELP = {
                      "micro decoder's drafts (0: off)",
     "width_rule": "--verify: a forward sends only the drafts worth its width's cost, weighed by "
                   "each draft's calibrated probability (the checkpoint's "
-                  "verify_calibration.json; without one every draft is sent): faster at batch 1 "
-                  "on a CPU, not at batch 8 (docs/results/quality.md)",
+                  "verify_calibration.json; without one every draft is sent), the costs timed "
+                  "at start on this machine (a few seconds): faster at batch 1 on a CPU, not at "
+                  "batch 8 (docs/results/quality.md)",
     "quantize": "weights the decode loop reads: 'none' (as stored), 'int8' (int8 with "
                 "per-output-channel scales, quantized once at load: half the weight bytes of "
                 "bfloat16 per step), 'int8:G' (a scale per group of G inputs, e.g. int8:64; G "

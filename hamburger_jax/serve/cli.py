@@ -101,8 +101,9 @@ class ServeArgs:
                                 "requests; 0: off)")
   width_rule: bool = _flag(False, "verified decoding sends only the drafts worth their "
                                   "forward's width, weighed by their calibrated probabilities "
-                                  "(the checkpoint's verify_calibration.json): faster at batch 1 "
-                                  "on a CPU, not at batch 8")
+                                  "(the checkpoint's verify_calibration.json), the widths' costs "
+                                  "timed at start with --engine serial (the continuous engine: a "
+                                  "CPU's table): faster at batch 1 on a CPU, not at batch 8")
   draft_branches: int = _flag(1, "verified decoding drafts this many chains and checks them as "
                                  "one tree per forward (greedy requests; more tokens per forward "
                                  "where wide forwards are cheap, e.g. accelerators)")

@@ -175,7 +175,8 @@ def test_step_costs_macro_step_rejects_bad_counts(capsys):
   with pytest.raises(SystemExit):
     step_costs.main(["--what", "macro_step", "--repeats", "0"])
   assert "--repeats, --chunk_steps and --num_prompts must be >= 1" in capsys.readouterr().err
-  for what in ("greedy_pick", "few_rows_head", "verify_widths", "verify_steps", "batch"):
+  for what in ("greedy_pick", "few_rows_head", "verify_widths", "verify_steps", "batch",
+               "timed_width_costs"):
     with pytest.raises(SystemExit):
       step_costs.main(["--what", what, "--repeats", "0"])
     assert "--repeats must be >= 1" in capsys.readouterr().err
