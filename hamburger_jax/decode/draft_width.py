@@ -2,9 +2,7 @@
 
 A verified forward runs at one of the static widths of `verify.forward_widths(S)` (1, 2, 4),
 the smallest that holds the batch's longest pending input; a whole step's cost grows with the
-width (on this project's CPU a step at width 4, its 3 drafts drafted, costs 1.55x one without
-drafts at batch 1 and 2.0-2.3x at batch 8-32; on a memory-bound accelerator about the same as
-one without). Each row's drafts come with the stop head's estimate that each is accepted given
+width on a CPU, less on a memory-bound accelerator (docs/results/step_costs.md). Each row's drafts come with the stop head's estimate that each is accepted given
 the ones before: the stop head's continue-probability (`draft_width_rule=True`; the verification
 stop head is trained for exactly that: `train/drafter.py`), or, with a `Calibration` (a
 checkpoint's `verify_calibration.json`), the draft's own probability q mapped per draft index to
@@ -27,7 +25,7 @@ CPU's table measured on one machine (on other backends every width costs the sam
 sends every draft); `Sampler(.., draft_width_costs="measure")` times them on the machine that
 decodes (`decode/width_costs.py`).
 
-    num_drafts = choose(num_drafts, accept, active, widths, costs(batch, widths))
+    num_drafts = choose(num_drafts, accept, active, widths, jnp.stack(state.width_costs))
 """
 
 from __future__ import annotations
