@@ -24,6 +24,8 @@ import collections
 import dataclasses
 from typing import Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from hamburger_jax.decode import draft_width
@@ -32,13 +34,19 @@ from hamburger_jax.decode import lookup_drafts as lookup_lib
 from hamburger_jax.decode import mesh as mesh_lib
 from hamburger_jax.decode import slots
 from hamburger_jax.decode import state as ds
+from hamburger_jax.decode import verify as verify_lib
+from hamburger_jax.decode import width_costs as width_costs_lib
 from hamburger_jax.decode.compile_cache import Executables, next_pow2
 from hamburger_jax.decode.draft_tree import check_branches, forward_inputs
 from hamburger_jax.decode.models import engine_model, prompt_scorer
 from hamburger_jax.decode.prompts import check_seed
+from hamburger_jax.decode.sampling import SamplingParams
 from hamburger_jax.decode.sampler import (DecodeInputError, check_confidence, check_ids,
                                           check_kv_cache, check_prompt, make_sampling, pad_prefixes,
                                           parse_policy, row_keys)
+
+# The synthetic prompt `ContinuousBatcher` times the width rule's costs on holds this many ids.
+TIMING_PROMPT_TOKENS = 64
 
 
 @dataclasses.dataclass
@@ -113,7 +121,9 @@ class ContinuousBatcher:
   verify: verified decoding (`decode/verify.py`): every answer is the base's own.
   verify_steps: its tokens per forward at most (`models.verify_depth`); None: max_steps.
   draft_width_rule: verified steps send only the drafts worth their width (`draft_width`; None:
-  off; True or a calibration as Sampler's), at `draft_width.costs` (not timed at start).
+  off; True or a calibration as Sampler's).
+  draft_width_costs: the rule's cost per forward width: None: `draft_width.costs`; "measure":
+  timed here once, every slot holding a synthetic prompt (`_time_width_costs`); or numbers.
   draft_branches: verified steps check a tree of this many draft chains (`draft_tree`); 1: one.
   mesh: a jax Mesh to decode on (`decode/mesh.py`: params, KV buffers and slots sharded).
   kv_cache: what the KV buffers store, "model" or "int8" (`model/kv_cache.py`).
@@ -126,7 +136,8 @@ class ContinuousBatcher:
                skip_unmerged: bool | None = None, draft_vocab=None, verify: bool = False,
                mesh=None, draft_width_rule=None, kv_cache: str = "model",
                verify_steps: int | None = None,
-               draft_branches: int = 1, lookup_drafts: int | None = None):
+               draft_branches: int = 1, lookup_drafts: int | None = None,
+               draft_width_costs=None):
     for name, value in (("num_slots", num_slots), ("cache_length", cache_length),
                         ("chunk_steps", chunk_steps)):
       if value < 1:
@@ -137,6 +148,9 @@ class ContinuousBatcher:
       check_branches(draft_branches, verify, draft_width_rule)
       draft_width_rule = draft_width.resolve(draft_width_rule)
       lookup_drafts = lookup_lib.resolve(lookup_drafts, verify, draft_branches)
+      if draft_width_costs not in (None, "measure"):
+        draft_width_costs = width_costs_lib.check(draft_width_costs,
+                                                  verify_lib.forward_widths(model.max_steps))
     except ValueError as e:
       raise DecodeInputError(str(e)) from None
     # a verified forward reads its inputs at consecutive slots past the row's last
@@ -165,6 +179,39 @@ class ContinuousBatcher:
     self._keep: set[int] = set()
     self._completed: dict[int, Completion] = {}
     self._next_id = 0
+    self.measured_width_costs: tuple[float, ...] | None = None
+    if draft_width_costs is not None and draft_width.enabled(self.engine):
+      if draft_width_costs == "measure":
+        draft_width_costs = self.measured_width_costs = self._time_width_costs()
+      self.state = self.state.replace(
+          width_costs=width_costs_lib.as_state_costs(draft_width_costs))
+
+  def _time_width_costs(self) -> tuple[float, ...]:
+    """The width rule's costs timed with this batcher's compiled admit and chunk
+    (`width_costs.measure`): every slot holds the same synthetic prompt of up to
+    TIMING_PROMPT_TOKENS ids (fewer where the timed steps would fill the KV buffer), drafting
+    freely and never ending early."""
+    llama, s = self.engine.model.llama, self.engine.max_steps
+    n = max(1, min(TIMING_PROMPT_TOKENS, self.max_prompt_len - (width_costs_lib.STEPS + 1) * s))
+    prompt = [(7919 * i + 1) % llama.vocab_size for i in range(n)]
+    prefix, last, lengths = pad_prefixes([prompt], 1, self.prompt_bucket(n))
+    knobs = ds.DecodeKnobs.make(
+        1, max_new_tokens=np.iinfo(np.int32).max, max_group=self.engine.max_steps, eos_ids=(),
+        sampling=SamplingParams.greedy(), **verify_lib.DEFAULT_KNOBS)
+    none_cancelled = np.zeros((self.num_slots,), bool)
+
+    def start():
+      state = jax.tree_util.tree_map(jnp.copy, self.state)
+      for slot in range(self.num_slots):
+        state = self.executables("admit", self.params, state, np.int32(slot), prefix, last,
+                                 lengths, knobs, row_keys([0], [0]))
+      return state
+
+    def run(state, limit):
+      steps = np.int32(limit - int(state.iteration))
+      return self.executables("chunk", self.params, state, none_cancelled, steps, np.bool_(False))
+
+    return width_costs_lib.measure(start, run, verify_lib.forward_widths(self.engine.max_steps))
 
   @property
   def compile_s(self) -> float:

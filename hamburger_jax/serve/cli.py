@@ -102,8 +102,7 @@ class ServeArgs:
   width_rule: bool = _flag(False, "verified decoding sends only the drafts worth their "
                                   "forward's width, weighed by their calibrated probabilities "
                                   "(the checkpoint's verify_calibration.json), the widths' costs "
-                                  "timed at start with --engine serial (the continuous engine: a "
-                                  "CPU's table): faster at batch 1 on a CPU, not at batch 8")
+                                  "timed at start: faster at batch 1 on a CPU, not at batch 8")
   draft_branches: int = _flag(1, "verified decoding drafts this many chains and checks them as "
                                  "one tree per forward (greedy requests; more tokens per forward "
                                  "where wide forwards are cheap, e.g. accelerators)")
@@ -234,7 +233,8 @@ def mode_router(a: ServeArgs, d, make) -> engines.ModeRouter:
                   draft_branches=a.draft_branches,
                   lookup_drafts=lookup_setting(a.lookup_drafts, True, a.draft_branches),
                   draft_width_rule=width_rule(a.width_rule, verify_calibration(
-                      checkpoint_dir(a.ckpt)), a.draft_branches))
+                      checkpoint_dir(a.ckpt)), a.draft_branches),
+                  draft_width_costs="measure" if a.width_rule else None)
   if a.warmup:
     for engine in (merged, verified):
       warm_up(engine)
@@ -263,7 +263,8 @@ def build(a: ServeArgs) -> Service:
                   verify_steps=(a.verify_steps or d.verify_steps) if a.verify else None,
                   draft_branches=a.draft_branches if a.verify else 1,
                   lookup_drafts=lookup_setting(a.lookup_drafts, a.verify, a.draft_branches),
-                  draft_width_rule=width_rule(a.width_rule, d.draft_width_rule, a.draft_branches))
+                  draft_width_rule=width_rule(a.width_rule, d.draft_width_rule, a.draft_branches),
+                  draft_width_costs="measure" if a.width_rule else None)
     if a.warmup:
       warm_up(engine)
   return service_for(engine, d.config, d.tokenizer, dataclasses.replace(a, system=d.system),

@@ -58,6 +58,7 @@ def test_measured_costs_are_timed_once_per_batch_bucket_and_keep_the_answers(mon
   assert lp.TRACE_COUNTS["prefill"] - traced.get("prefill", 0) <= 1
   costs = sampler.measured_width_costs[4]
   assert costs[0] == 1.0 and len(costs) == 3 and all(np.isfinite(costs)) and min(costs) > 0
+  assert costs != (1.0, 1.0, 1.0)                  # timed: what nothing to time would give
   assert sampler.decode(PROMPTS[:3], max_new_tokens=20, confidence=0.001).tokens == want[:3]
   assert len(calls) == 1 and list(sampler.measured_width_costs) == [4]
   sampler.decode(PROMPTS[:1], max_new_tokens=20, confidence=0.001)     # a new bucket: timed
@@ -103,3 +104,28 @@ def test_costs_are_checked():
   cfg, params = drafting_model()
   with pytest.raises(DecodeInputError, match="one positive finite cost per forward width"):
     Sampler(cfg, params, verify=True, draft_width_rule=True, draft_width_costs=(1.0, 2.0))
+
+
+def test_continuous_batching_times_its_costs_once_and_keeps_the_answers():
+  from hamburger_jax.decode.batching import ContinuousBatcher, Request
+  cfg, params = drafting_model()
+  base, _ = _samplers()
+  want = base.decode(PROMPTS, max_new_tokens=12).tokens
+  traced = dict(lp.TRACE_COUNTS)
+  batcher = ContinuousBatcher(cfg, params, num_slots=2, cache_length=CACHE_LENGTH,
+                              chunk_steps=3, verify=True, lookup_drafts=0,
+                              draft_width_rule=True, draft_width_costs="measure")
+  costs = batcher.measured_width_costs
+  assert costs[0] == 1.0 and len(costs) == 3 and all(np.isfinite(costs)) and min(costs) > 0
+  assert costs != (1.0, 1.0, 1.0)                  # timed: what nothing to time would give
+  assert [float(c) for c in batcher.state.width_costs] == pytest.approx(costs)
+  done = batcher.generate([Request(p, max_new_tokens=12, confidence=0.001) for p in PROMPTS])
+  assert [c.tokens for c in done] == want
+  # Timing compiled the chunk the requests then ran (one), and admitted at the timing prompt's
+  # bucket and these prompts' (one each at most).
+  assert lp.TRACE_COUNTS["chunk"] - traced.get("chunk", 0) == 1
+  assert lp.TRACE_COUNTS["admit"] - traced.get("admit", 0) <= 2
+  given = ContinuousBatcher(cfg, params, num_slots=2, cache_length=CACHE_LENGTH, verify=True,
+                            draft_width_rule=True, draft_width_costs=(1.0, 1.5, 2.5))
+  assert [float(c) for c in given.state.width_costs] == [1.0, 1.5, 2.5]
+  assert given.measured_width_costs is None
