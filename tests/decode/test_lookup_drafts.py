@@ -2,6 +2,7 @@
 
 import functools
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -10,7 +11,8 @@ from scipy import stats as scipy_stats
 from hamburger_jax.decode import lookup_drafts
 from hamburger_jax.decode.batching import ContinuousBatcher, Request
 from hamburger_jax.decode.prompts import DecodeInputError
-from hamburger_jax.decode.sampler import Sampler
+from hamburger_jax.decode.sampler import Sampler, row_keys
+from hamburger_jax.decode.state import DecodeResult, to_host
 from tests.decode.helpers import CACHE_LENGTH, OUT_LENGTH, base_pair_probs, drafting_model
 
 
@@ -126,9 +128,14 @@ def test_sampled_rows_check_looked_up_drafts_and_keep_the_base_distribution():
   sampler = Sampler(cfg, params, cache_length=len(prompt) + 8, out_length=4, verify=True,
                     lookup_drafts=1)
   counts, looked_up, drafted = dict.fromkeys(exact, 0), 0, np.zeros(2, int)
+  # One prefill for every seed (the rows' keys are first used by the loop): each batch decodes
+  # a copy of it with the keys of its seed, as `decode(.., seed=seed)` would.
+  prefilled, rows = sampler.start([prompt] * 1024, max_new_tokens=3, temperature=1.0,
+                                  top_k=top_k, seed=0, confidence=0.3, eos_ids=[])
   for seed in range(n // 1024):
-    result = sampler.decode([prompt] * 1024, max_new_tokens=3, temperature=1.0, top_k=top_k,
-                            seed=seed, confidence=0.3, eos_ids=[])
+    state = jax.tree_util.tree_map(jnp.copy, prefilled).replace(
+        rng=row_keys(np.full(rows, seed), np.arange(rows)))
+    result = DecodeResult.from_state(to_host(sampler.run(state)), rows)
     for t in result.tokens:
       counts[(t[0], t[1])] += 1
       looked_up += t[1] == follows[t[0]]
