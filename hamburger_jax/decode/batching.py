@@ -148,8 +148,7 @@ class ContinuousBatcher:
       check_branches(draft_branches, verify, draft_width_rule)
       draft_width_rule = draft_width.resolve(draft_width_rule)
       lookup_drafts = lookup_lib.resolve(lookup_drafts, verify, draft_branches)
-      if draft_width_costs not in (None, "measure"):
-        draft_width_costs = width_costs_lib.check(draft_width_costs,
+      draft_width_costs = width_costs_lib.resolve(draft_width_costs,
                                                   verify_lib.forward_widths(model.max_steps))
     except ValueError as e:
       raise DecodeInputError(str(e)) from None

@@ -2,8 +2,7 @@
 
 The width rule (`decode/draft_width.py`) weighs the tokens a wider verified forward is expected to
 commit against what it costs. What a width costs depends on the machine, the model and the batch
-(on one 2-core CPU a step at width 4 cost 1.55x or 1.89x one at width 1 at batch 1 on two days,
-docs/results/step_costs.md), so `Sampler(.., draft_width_costs="measure")` times them once per
+(it moves from day to day on one CPU: docs/results/step_costs.md), so `Sampler(.., draft_width_costs="measure")` times them once per
 batch bucket with the compiled loop itself: the state's traced `width_costs` force one width at a
 time (every other width priced out), the loop runs a few steps from the call's own prompts, and
 each width's time per step over width 1's is its cost. No extra compile; drafts are drafted as a
@@ -30,12 +29,19 @@ ROUNDS = 3      # rounds over the widths (interleaved, the median per width is k
 def forcing(widths: Sequence[int], width: int) -> tuple:
   """Width costs under which the rule picks `width` whenever a row has drafts for it: its cost 1,
   every other width PRICED_OUT (a tuple of [] f32, the state's `width_costs`)."""
-  return tuple(jnp.float32(1.0 if w == width else PRICED_OUT) for w in widths)
+  return as_state_costs([1.0 if w == width else PRICED_OUT for w in widths])
 
 
 def as_state_costs(costs: Sequence[float]) -> tuple:
   """Relative costs per width -> the state's `width_costs` (a tuple of [] f32)."""
   return tuple(jnp.float32(c) for c in costs)
+
+
+def resolve(costs, widths: Sequence[int]):
+  """A `draft_width_costs` setting as given -> None, "measure", or checked numbers (`check`)."""
+  if costs is None or (isinstance(costs, str) and costs == "measure"):
+    return costs
+  return check(costs, widths)
 
 
 def check(costs, widths: Sequence[int]) -> tuple[float, ...]:
