@@ -12,6 +12,7 @@ r"""What the pieces of a decode step cost, one measurement per run (picked by --
     python -m benchmarks.step_costs --what verify_steps   # a whole verified step at widths 1, 2, 4
     python -m benchmarks.step_costs --what greedy_pick    # argmax over the vocabulary, two forms
     python -m benchmarks.step_costs --what timed_width_costs   # the width rule's costs timed
+    python -m benchmarks.step_costs --what verify_profile # a verified step's time, part by part
 
   batch          one micro prefill + micro step of the shipped model at B rows when k continue,
                  on all B rows and on the k gathered (benchmarks/costs/batch.py)
@@ -27,10 +28,13 @@ r"""What the pieces of a decode step cost, one measurement per run (picked by --
   timed_width_costs  `Sampler(draft_width_costs="measure")` timing the width rule's costs at
                  start, B 1, 8: its seconds and the costs it times, repeated
                  (costs/timed_width_costs.py)
+  verify_profile where a whole verified step at width 4 spends its time, B 1, 8: thread time per
+                 part of the model from a jax.profiler trace (costs/verify_profile.py)
 Settings are timed in rotation and the median reported. Prints the JSON and a markdown table and
 writes the JSON (with "provenance": command, commit, date, machine) to
 docs/results/data/step_costs/{batch_costs,macro_step_costs,few_rows_head,verify_widths,
-verify_steps,greedy_pick,timed_width_costs}.json
+verify_steps,greedy_pick,timed_width_costs,
+verify_profile}.json
 unless --out.
 """
 
@@ -50,6 +54,7 @@ GROUPS = {            # flags that apply to one measurement only (dest: default)
     "verify_steps": {},
     "greedy_pick": {},
     "timed_width_costs": {},
+    "verify_profile": {},
 }
 DEFAULTS = {"batch": dict(batch_sizes=[8, 32], repeats=15, out="batch_costs.json"),
             "macro_step": dict(batch_sizes=[1, 8, 32], repeats=7, out="macro_step_costs.json"),
@@ -58,7 +63,8 @@ DEFAULTS = {"batch": dict(batch_sizes=[8, 32], repeats=15, out="batch_costs.json
             "verify_steps": dict(batch_sizes=[1, 8, 32], repeats=3, out="verify_steps.json"),
             "greedy_pick": dict(repeats=30, out="greedy_pick.json"),
             "timed_width_costs": dict(batch_sizes=[1, 8], repeats=3,
-                                      out="timed_width_costs.json")}
+                                      out="timed_width_costs.json"),
+            "verify_profile": dict(batch_sizes=[1, 8], repeats=1, out="verify_profile.json")}
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -134,6 +140,9 @@ def measure(parser, args) -> tuple[dict, str]:
   if args.what == "timed_width_costs":
     from benchmarks.costs import timed_width_costs
     return timed_width_costs.measure(args)
+  if args.what == "verify_profile":
+    from benchmarks.costs import verify_profile
+    return verify_profile.measure(args)
   from benchmarks.costs import batch
   from hamburger_jax.decode import draft_vocab
   try:

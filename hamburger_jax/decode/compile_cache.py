@@ -46,6 +46,11 @@ class Executables:
       self.compile_s += time.perf_counter() - t0
     return self._compiled[key](*args)
 
+  @property
+  def compiled(self) -> dict:
+    """(name, argument signature) -> the compiled executable, for inspection (HLO, costs)."""
+    return dict(self._compiled)
+
 
 def next_pow2(n: int, floor: int = 1) -> int:
   """The smallest power of two >= max(n, floor)."""

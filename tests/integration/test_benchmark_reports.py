@@ -127,6 +127,31 @@ def test_step_costs_greedy_pick_times_both_forms_on_the_same_tokens(tmp_path):
              for r in result["rows"])
 
 
+def test_verify_profile_assigns_each_op_to_its_part_and_leaves_control_flow_out():
+  from benchmarks.costs import verify_profile
+  meta = lambda op: f'metadata={{op_name="jit(loop)/while/body/{op}" stack_frame_id=1}}'
+  hlo = "\n".join([
+      f"  %ynn_fusion.1 = f32[8,1536]{{1,0}} fusion(%a), kind=kCustom, {meta('base/mlp/up')}",
+      f"  %ynn_fusion.2 = f32[8,3,64,3]{{3,2,1,0}} fusion(%b), {meta('base/self_attn/while/dot')}",
+      f"  %fusion.3 = f32[8,576]{{1,0}} fusion(%b), kind=kLoop, {meta('base/self_attn/q_proj')}",
+      f"  %ynn_fusion.4 = f32[8,1536]{{1,0}} fusion(%a), {meta('micro_decoder.step/mlp/up')}",
+      f"  %while.5 = (s32[], f32[8]{{0}}) while(%t), body=%body, {meta('cond')}",
+      f"  ROOT %add.6 = f32[8]{{0}} add(%x, %y), {meta('add')}"])
+  parts = verify_profile.op_parts(hlo)
+  assert parts == {"ynn_fusion.1": "MLP", "ynn_fusion.2": "attention over the KV buffer",
+                   "fusion.3": "attention projections", "ynn_fusion.4": "drafter",
+                   "add.6": "everything else"}
+  loop, prefill = {"hlo_module": "jit_loop"}, {"hlo_module": "jit_prefill"}
+  events = [{"ph": "X", "name": "ynn_fusion.1", "dur": 3000, "args": loop},
+            {"ph": "X", "name": "ynn_fusion.1", "dur": 1000, "args": loop},
+            {"ph": "X", "name": "ynn_fusion.1", "dur": 7000, "args": prefill},   # same name
+            {"ph": "X", "name": "while.5", "dur": 9000, "args": loop},   # its body's ops count
+            {"ph": "X", "name": "ThunkExecutor::Execute", "dur": 5},
+            {"ph": "i", "name": "add.6", "args": loop}]
+  ms = verify_profile.thread_ms(events, parts, iterations=2)
+  assert ms["MLP"] == 2.0 and sum(ms.values()) == 2.0
+
+
 def test_decode_speed_rejects_an_unknown_engine(capsys):
   with pytest.raises(SystemExit):
     decode_speed.main(["--engines", "static,paged"])
