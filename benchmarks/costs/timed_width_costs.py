@@ -13,9 +13,8 @@ import statistics
 import time
 
 from benchmarks.common import machine, markdown_table
-from benchmarks.costs.verify_steps import MAX_NEW_TOKENS, _prompts
+from benchmarks.costs.verify_steps import _prompts, verify_sampler
 from hamburger_jax.decode.checkpoint import open_checkpoint
-from hamburger_jax.decode.sampler import Sampler
 
 
 def measure(args) -> tuple[dict, str]:
@@ -23,10 +22,8 @@ def measure(args) -> tuple[dict, str]:
   rows = []
   for b in args.batch_sizes:
     prompts = _prompts(d, b)
-    cache_length = -(-(max(len(p) for p in prompts) + MAX_NEW_TOKENS) // 64) * 64
-    sampler = Sampler(d.config, d.params, draft_vocab=d.draft_vocab, verify=True,
-                      draft_width_rule=d.draft_width_rule, draft_width_costs="measure",
-                      cache_length=cache_length, out_length=MAX_NEW_TOKENS, eos_ids=d.eos_ids)
+    sampler = verify_sampler(d, prompts, draft_width_rule=d.draft_width_rule,
+                             draft_width_costs="measure")
     t0 = time.perf_counter()
     sampler.width_costs(prompts)
     first_s, seconds, costs = time.perf_counter() - t0, [], []

@@ -20,9 +20,8 @@ import re
 import tempfile
 
 from benchmarks.common import machine, markdown_table
-from benchmarks.costs.verify_steps import MAX_NEW_TOKENS, _prompts
+from benchmarks.costs.verify_steps import MAX_NEW_TOKENS, _prompts, verify_sampler
 from hamburger_jax.decode.checkpoint import open_checkpoint
-from hamburger_jax.decode.sampler import Sampler
 
 WIDTH = 4
 PARTS = (("drafter", ("micro",)),
@@ -70,10 +69,7 @@ def measure(args) -> tuple[dict, str]:
   rows = []
   for b in args.batch_sizes:
     prompts = _prompts(d, b)
-    cache_length = -(-(max(len(p) for p in prompts) + MAX_NEW_TOKENS) // 64) * 64
-    sampler = Sampler(d.config, d.params, draft_vocab=d.draft_vocab, verify=True,
-                      draft_width_rule=False, cache_length=cache_length,
-                      out_length=MAX_NEW_TOKENS, eos_ids=d.eos_ids)
+    sampler = verify_sampler(d, prompts, draft_width_rule=False)
     run = lambda: sampler.decode(prompts[:b], max_new_tokens=MAX_NEW_TOKENS, confidence=0.001,
                                  min_token_prob=0.0, max_group=WIDTH)
     run()                                                       # compile

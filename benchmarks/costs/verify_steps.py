@@ -27,6 +27,13 @@ def _prompts(d, n: int):
           for x in heldout_prompts(n, "both")]
 
 
+def verify_sampler(d, prompts, **kw) -> Sampler:
+  """The shipped model's verified-decoding Sampler with room for prompts + MAX_NEW_TOKENS."""
+  cache_length = -(-(max(len(p) for p in prompts) + MAX_NEW_TOKENS) // 64) * 64
+  return Sampler(d.config, d.params, draft_vocab=d.draft_vocab, verify=True,
+                 cache_length=cache_length, out_length=MAX_NEW_TOKENS, eos_ids=d.eos_ids, **kw)
+
+
 def _time(sampler, prompts, b: int, width: int) -> tuple[float, int]:
   """-> (decode seconds, loop iterations) over static batches of b."""
   seconds, iterations = 0.0, 0
@@ -43,10 +50,7 @@ def measure(args) -> tuple[dict, str]:
   rows = []
   for b in args.batch_sizes:
     prompts = _prompts(d, max(8, 2 * b))
-    cache_length = -(-(max(len(p) for p in prompts) + MAX_NEW_TOKENS) // 64) * 64
-    sampler = Sampler(d.config, d.params, draft_vocab=d.draft_vocab, verify=True,
-                      draft_width_rule=False, cache_length=cache_length,
-                      out_length=MAX_NEW_TOKENS, eos_ids=d.eos_ids)
+    sampler = verify_sampler(d, prompts, draft_width_rule=False)
     for w in WIDTHS:                                      # compile and warm up
       _time(sampler, prompts[:b], b, w)
     per_step = {w: [] for w in WIDTHS}
