@@ -228,9 +228,6 @@ def parse_args(argv=None):
                 lambda v: set(v) <= {"on", "measured", "off"} and len(set(v)) == len(v),
                 "comma-separated width rules are needed: on, measured and/or off, e.g. "
                 "--width_rules=measured,off")
-    if "measured" in args.width_rules.split(",") and args.verify_batching != "static":
-      parser.error("--width_rules measured times the costs of static batches: add "
-                   "--verify_batching=static")
     if args.lookup_drafts:
       _list_error(parser, "lookup_drafts", args.lookup_drafts,
                   lambda t: [int(x) for x in t.split(",")],

@@ -17,7 +17,8 @@ their slowest row is done, so a row that drew fewer accepted drafts holds the ba
 a step sends only the drafts worth its forward width's cost; on: by the checkpoint's calibrated
 draft probabilities, else the stop head's estimates; costs: the CPU table, `draft_width.costs`).
 --width_rules measured,off: the rule with its costs timed at start on this machine
-(`Sampler(draft_width_costs="measure")`, `decode/width_costs.py`; static batches).
+(`Sampler(draft_width_costs="measure")`, `decode/width_costs.py`; with continuous batching
+`ContinuousBatcher(draft_width_costs="measure")`, timed once when it is built).
 --verify_steps 4,6: verified decoding at each depth (tokens a forward commits at most; default:
 the verification drafter's own, `open_checkpoint(..).verify_steps`).
 --draft_branches 1,2: verified decoding with one chain of drafts and with a draft tree of that many
@@ -175,7 +176,8 @@ def _continuous_rows(args, d, prompts, cache_length, prompt_set) -> list[dict]:
     base = ContinuousBatcher(d.config, d.params, base=True, **kw)
     verify = {(rule, steps, k, q, m): ContinuousBatcher(
         d.config, apply_mode(d.params, d.config, q), draft_vocab=d.draft_vocab, verify=True,
-        draft_width_rule=rule[0], verify_steps=steps, draft_branches=k, lookup_drafts=m, **kw)
+        draft_width_rule=rule[0], draft_width_costs=rule[1], verify_steps=steps,
+        draft_branches=k, lookup_drafts=m, **kw)
               for rule, steps, k, q, m in {v[1:] for v in _variants(args, d)}}
     settings = [("base", base, 1.0)] + [(v, verify[v[1:]], v[0]) for v in _variants(args, d)]
     for _, batcher, c in settings:                          # compile, then time
@@ -188,7 +190,8 @@ def _continuous_rows(args, d, prompts, cache_length, prompt_set) -> list[dict]:
     for v in _variants(args, d):
       answers, forwards, _ = runs[v][0]
       rows.append(_row(prompt_set, b, v, runs["base"][0][0], answers, forwards, median(v),
-                       None, median("base"), batching="continuous"))
+                       None, median("base"), batching="continuous",
+                       width_costs=verify[v[1:]].measured_width_costs))
   return rows
 
 
