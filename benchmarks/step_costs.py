@@ -33,8 +33,7 @@ r"""What the pieces of a decode step cost, one measurement per run (picked by --
 Settings are timed in rotation and the median reported. Prints the JSON and a markdown table and
 writes the JSON (with "provenance": command, commit, date, machine) to
 docs/results/data/step_costs/{batch_costs,macro_step_costs,few_rows_head,verify_widths,
-verify_steps,greedy_pick,timed_width_costs,
-verify_profile}.json
+verify_steps,greedy_pick,timed_width_costs,verify_profile}.json
 unless --out.
 """
 

@@ -3,11 +3,11 @@
 The shipped HAMburger-SmolLM2 with its verification drafter decodes held-out mixed prompts by
 verified decoding (greedy, 48 tokens, lookup drafts on) with each step's drafts capped at 3
 (`max_group` 4), as `verify_steps` times its widest setting: once to compile, once timed, once
-under `jax.profiler`. Every XLA op of the loop's executable in the trace is assigned to a part of the step by the
-op_name metadata of the compiled loop's HLO (`PARTS`, first match; loops and branches, whose
-time is their body's, are left out). Figures are ms of thread time per loop iteration: ops of
-two threads overlap, so the parts add up to more than the wall time per iteration (reported
-beside them, from the timed run).
+under `jax.profiler`. Every XLA op of the loop's executable in the trace is assigned to a part
+of the step by the op_name metadata of the compiled loop's HLO (`PARTS`, first match; loops and
+branches, whose time is their body's, are left out). Figures are ms of thread time per loop
+iteration: ops of two threads overlap, so the parts add up to more than the wall time per
+iteration (reported beside them, from the timed run).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ PARTS = (("drafter", ("micro",)),
          ("MLP", ("mlp",)),
          ("LM head", ("logits",)))
 OTHER = "everything else"
+PART_NAMES = tuple(part for part, _ in PARTS) + (OTHER,)
 LOOP_MODULE = "jit_loop"                        # the decode loop's executable in a trace
 CONTROL = ("while", "conditional", "call")     # their time is their body's, counted there
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = .*? ([a-z][\w\-]*)\(.*?"
@@ -55,7 +56,7 @@ def thread_ms(trace_events, parts: dict[str, str], iterations: int,
     if (e.get("ph") == "X" and e.get("name") in parts
         and e.get("args", {}).get("hlo_module") == module):
       total[parts[e["name"]]] += e.get("dur", 0) / 1e3
-  return {part: total[part] / iterations for part in [p for p, _ in PARTS] + [OTHER]}
+  return {part: total[part] / iterations for part in PART_NAMES}
 
 
 def _loop_hlo(sampler) -> str:
@@ -86,9 +87,8 @@ def measure(args) -> tuple[dict, str]:
     rows.append({"batch": b, "width": WIDTH, "iterations": iterations,
                  "wall_ms_per_iteration": timed.decode_s / iterations * 1e3,
                  "thread_ms_per_iteration": ms})
-  parts = [p for p, _ in PARTS] + [OTHER]
   table = markdown_table(
-      ["batch", "wall ms / iteration"] + [f"{p} ms" for p in parts],
+      ["batch", "wall ms / iteration"] + [f"{p} ms" for p in PART_NAMES],
       [[r["batch"], f"{r['wall_ms_per_iteration']:.1f}"]
-       + [f"{r['thread_ms_per_iteration'][p]:.1f}" for p in parts] for r in rows])
+       + [f"{r['thread_ms_per_iteration'][p]:.1f}" for p in PART_NAMES] for r in rows])
   return {"machine": machine(), "max_new_tokens": MAX_NEW_TOKENS, "rows": rows}, table
