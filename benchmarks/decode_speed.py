@@ -43,6 +43,7 @@ import sys
 
 from benchmarks.common import (check_flag_groups, markdown_table, positive_ints, results_dir,
                                write_json)
+from hamburger_jax.model import cpu_dots
 
 GROUPS = {            # flags that apply to one measurement only (dest: default)
     "sampler": {"preset": "tiny", "ckpt": None, "base_config": None, "lengths": "64,256,1024",
@@ -56,7 +57,7 @@ GROUPS = {            # flags that apply to one measurement only (dest: default)
     "verify": {"prompt_sets": "both,code", "draft_confidences": "0.001,0.3,0.5",
                "verify_prompts": 24, "verify_batching": "static", "width_rules": "off",
                "verify_steps": "", "draft_branches": "1", "drafter_quantize": "none",
-               "lookup_drafts": "", "verify_temperature": 0.0},
+               "lookup_drafts": "", "verify_temperature": 0.0, "cpu_dots": "ynnpack"},
 }
 DEFAULTS = {"sampler": dict(batch_sizes="1,8", out=("step_costs", "decode_speed.json")),
             "micro_layers": dict(max_new_tokens=128, out=("step_costs", "micro_layers.json")),
@@ -135,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
                  help="sample the base and verified decoding alike at this temperature (seed 0 "
                       "per batch; answers then agree in distribution, not token for token; "
                       "default 0: greedy)")
+  v.add_argument("--cpu_dots", choices=cpu_dots.MODES,
+                 help="XLA's CPU code path for the dots of the base and verified decoding alike "
+                      "(model/cpu_dots.py)")
   p.set_defaults(**GROUPS["sampler"], **GROUPS["batched"], **GROUPS["verify"])
   return p
 

@@ -105,6 +105,7 @@ def measure(args) -> dict:
     for batching in args.verify_batching.split(","):
       measure_one = {"static": _static_rows, "continuous": _continuous_rows}[batching]
       for row in measure_one(args, d, prompts, cache_length, prompt_set):
+        row["cpu_dots"] = args.cpu_dots
         rows.append(row)
         print(format_table({"rows": [row]}).splitlines()[-1], flush=True)
   return {"max_new_tokens": args.max_new_tokens, "prompts": args.verify_prompts, "rows": rows}
@@ -128,14 +129,15 @@ def _variants(args, d) -> list[tuple[float, bool, int, int, str, int]]:
 def _static_rows(args, d, prompts, cache_length, prompt_set) -> list[dict]:
   """`Sampler.decode` over consecutive batches of b prompts, base and verified in rotation."""
   base = Sampler(d.config, d.params, base=True, cache_length=cache_length,
-                 out_length=args.max_new_tokens, eos_ids=d.eos_ids)
+                 out_length=args.max_new_tokens, eos_ids=d.eos_ids, cpu_dots=args.cpu_dots)
   verify = {(rule, steps, k, q, m): Sampler(d.config, apply_mode(d.params, d.config, q),
                                             cache_length=cache_length,
                                             out_length=args.max_new_tokens, eos_ids=d.eos_ids,
                                             draft_vocab=d.draft_vocab, verify=True,
                                             draft_width_rule=rule[0],
                                             draft_width_costs=rule[1], verify_steps=steps,
-                                            draft_branches=k, lookup_drafts=m)
+                                            draft_branches=k, lookup_drafts=m,
+                                            cpu_dots=args.cpu_dots)
             for rule, steps, k, q, m in {v[1:] for v in _variants(args, d)}}
   rows, t = [], args.verify_temperature
   sampled = dict(temperature=t, seed=0) if t else {}
@@ -172,7 +174,8 @@ def _continuous_rows(args, d, prompts, cache_length, prompt_set) -> list[dict]:
   """`ContinuousBatcher` with b slots fed all prompts, base and verified in rotation."""
   rows = []
   for b in args.batch_sizes:
-    kw = dict(num_slots=b, cache_length=cache_length, eos_ids=d.eos_ids)
+    kw = dict(num_slots=b, cache_length=cache_length, eos_ids=d.eos_ids,
+              cpu_dots=args.cpu_dots)
     base = ContinuousBatcher(d.config, d.params, base=True, **kw)
     verify = {(rule, steps, k, q, m): ContinuousBatcher(
         d.config, apply_mode(d.params, d.config, q), draft_vocab=d.draft_vocab, verify=True,
@@ -200,13 +203,13 @@ def format_table(result: dict) -> str:
   fmt = lambda x: "-" if x is None else f"{x:.2f}"
   return markdown_table(
       ["prompts", "batching", "batch", "confidence", "width rule", "steps", "chains",
-       "drafter", "lookup", "temperature", "same as base",
+       "drafter", "lookup", "temperature", "CPU dots", "same as base",
        "tokens/forward", "acceptance per draft", "tokens/s", "base tokens/s", "vs base"],
       [[r["prompt_set"], r.get("batching", "static"), r["batch"], r["confidence"],
         r.get("width_rule") or "-", r.get("verify_steps", 4),
         r.get("draft_branches", 1), r.get("drafter_quantize", "none"),
         "-" if r.get("lookup_drafts") is None else r["lookup_drafts"], r.get("temperature", 0.0),
-        "-" if r["same_as_base"] is None else r["same_as_base"],
+        r.get("cpu_dots", "ynnpack"), "-" if r["same_as_base"] is None else r["same_as_base"],
         f"{r['tokens_per_forward']:.2f}", "/".join(fmt(a) for a in r["acceptance"]),
         f"{r['tokens_per_s']:.1f}", f"{r['base_tokens_per_s']:.1f}", f"{r['speedup']:.2f}x"]
        for r in result["rows"]])

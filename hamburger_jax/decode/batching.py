@@ -44,6 +44,7 @@ from hamburger_jax.decode.sampling import SamplingParams
 from hamburger_jax.decode.sampler import (DecodeInputError, check_confidence, check_ids,
                                           check_kv_cache, check_prompt, make_sampling, pad_prefixes,
                                           parse_policy, row_keys)
+from hamburger_jax.model import cpu_dots as cpu_dots_lib
 
 # The synthetic prompt `ContinuousBatcher` times the width rule's costs on holds this many ids.
 TIMING_PROMPT_TOKENS = 64
@@ -127,6 +128,7 @@ class ContinuousBatcher:
   draft_branches: verified steps check a tree of this many draft chains (`draft_tree`); 1: one.
   mesh: a jax Mesh to decode on (`decode/mesh.py`: params, KV buffers and slots sharded).
   kv_cache: what the KV buffers store, "model" or "int8" (`model/kv_cache.py`).
+  cpu_dots: XLA's CPU code path for the dots, "ynnpack" or "plain" (`model/cpu_dots.py`).
   """
 
   def __init__(self, cfg, params, *, base: bool = False, num_slots: int = 8,
@@ -137,7 +139,7 @@ class ContinuousBatcher:
                mesh=None, draft_width_rule=None, kv_cache: str = "model",
                verify_steps: int | None = None,
                draft_branches: int = 1, lookup_drafts: int | None = None,
-               draft_width_costs=None):
+               draft_width_costs=None, cpu_dots: str = "ynnpack"):
     for name, value in (("num_slots", num_slots), ("cache_length", cache_length),
                         ("chunk_steps", chunk_steps)):
       if value < 1:
@@ -147,6 +149,7 @@ class ContinuousBatcher:
     try:
       check_branches(draft_branches, verify, draft_width_rule)
       draft_width_rule = draft_width.resolve(draft_width_rule)
+      cpu_dots_lib.check_mode(cpu_dots)
       lookup_drafts = lookup_lib.resolve(lookup_drafts, verify, draft_branches)
       draft_width_costs = width_costs_lib.resolve(draft_width_costs,
                                                   verify_lib.forward_widths(model.max_steps))
@@ -157,7 +160,7 @@ class ContinuousBatcher:
     self.engine = lp.DecodeEngine(model, cache_length + spare, chunk_steps * model.max_steps,
                                   compact_micro_steps, skip_unmerged, verify, mesh,
                                   draft_width_rule, kv_cache, draft_branches,
-                                  lookup_drafts)
+                                  lookup_drafts, cpu_dots)
     self.params = mesh_lib.place_params(mesh, model, params)
     self.scorer = prompt_scorer(model, self.params, cache_length)   # prompts' log-probs
     self.eos_ids = tuple(int(e) for e in eos_ids) or tuple(model.llama.eos_token_ids)

@@ -29,6 +29,7 @@ from hamburger_jax.decode import draft_width
 from hamburger_jax.decode import state as ds
 from hamburger_jax.decode.models import MAX_VERIFY_STEPS
 from hamburger_jax.decode.prompts import UsageError
+from hamburger_jax.model import cpu_dots
 from hamburger_jax.model import quantize as quantize_lib
 from hamburger_jax.model.config import HamburgerConfig, LlamaConfig
 from hamburger_jax.model.kv_cache import KV_DTYPES
@@ -75,6 +76,12 @@ def check_kv_cache(kv_cache: str) -> None:
   """UsageError unless `kv_cache` names what KV buffers can store (`model/kv_cache.py`)."""
   if kv_cache not in KV_DTYPES:
     raise UsageError(f"--kv_cache {kv_cache!r} is unknown: use one of {', '.join(KV_DTYPES)}.")
+
+
+def check_cpu_dots(mode: str) -> None:
+  """UsageError unless `mode` names a CPU code path for dots (`model/cpu_dots.py`)."""
+  if mode not in cpu_dots.MODES:
+    raise UsageError(f"--cpu_dots {mode!r} is unknown: use one of {', '.join(cpu_dots.MODES)}.")
 
 
 def check_quantize(mode: str | None) -> None:

@@ -21,10 +21,11 @@ from typing import Sequence, TextIO
 from hamburger_jax.convert import CheckpointError
 from hamburger_jax.decode import prompts as prompts_lib
 from hamburger_jax.decode import verify
-from hamburger_jax.decode.checkpoint import (Decodable, check_checkpoint, check_draft_branches,
-                                             check_lookup_drafts, lookup_setting, width_rule,
-                                             check_kv_cache, check_quantize, check_verify_steps,
-                                             open_checkpoint, resolve_knobs)
+from hamburger_jax.decode.checkpoint import (Decodable, check_checkpoint, check_cpu_dots,
+                                             check_draft_branches, check_kv_cache,
+                                             check_lookup_drafts, check_quantize,
+                                             check_verify_steps, lookup_setting,
+                                             open_checkpoint, resolve_knobs, width_rule)
 from hamburger_jax.decode.chunks import decode_chunks
 from hamburger_jax.decode.evaluation import base_comparison
 from hamburger_jax.decode.memory import check_buffer_memory, device_memory
@@ -84,6 +85,7 @@ class DecodeArgs:
   quantize: str = "none"            # "int8": per-channel scales; "int8:G": per group of G inputs
   mesh: str = ""                    # "data=2,tensor=4": one model over a device mesh ("" = one)
   kv_cache: str = "model"           # what the KV buffers store: the model's dtype or "int8"
+  cpu_dots: str = "ynnpack"         # on a CPU: XLA's default dots, or "plain" (YNNPACK fusions off)
 
 
 def check_args(a: DecodeArgs) -> None:
@@ -113,6 +115,7 @@ def check_args(a: DecodeArgs) -> None:
     prompts_lib.utf8_text(a.system, "--system")
   check_quantize(a.quantize)
   check_kv_cache(a.kv_cache)
+  check_cpu_dots(a.cpu_dots)
   check_flag_pairs(a)
 
 
@@ -228,7 +231,8 @@ def _samplers(a: DecodeArgs, d: Decodable, prompts):
                     draft_branches=a.draft_branches,
                     lookup_drafts=lookup_setting(a.lookup_drafts, a.verify, a.draft_branches),
                     draft_width_rule=width_rule(a.width_rule, d.draft_width_rule, a.draft_branches),
-                    draft_width_costs="measure" if a.width_rule else None)
+                    draft_width_costs="measure" if a.width_rule else None,
+                    cpu_dots=a.cpu_dots)
   sampler.check_prompts(prompts)
   knobs = dict(max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_k=a.top_k,
                top_p=a.top_p, seed=a.seed,
@@ -238,7 +242,8 @@ def _samplers(a: DecodeArgs, d: Decodable, prompts):
   base = None
   if a.compare_base:
     base = Sampler(d.config, d.params, base=True, cache_length=cache_length,
-                   out_length=out_length, eos_ids=d.eos_ids, mesh=mesh, kv_cache=a.kv_cache)
+                   out_length=out_length, eos_ids=d.eos_ids, mesh=mesh, kv_cache=a.kv_cache,
+                   cpu_dots=a.cpu_dots)
   return sampler, base, knobs
 
 
@@ -358,6 +363,9 @@ _HELP = {
             "vocabulary split over tensor, rows over data ('' = one device)",
     "kv_cache": "what the KV buffers store: 'model' (the model's dtype) or 'int8' (int8 with a "
                 "float32 scale per head vector: about half the KV bytes of bfloat16)",
+    "cpu_dots": "on a CPU, how XLA compiles the decode programs' dots: 'ynnpack' (XLA's "
+                "default) or 'plain' (YNNPACK fusions off: a verified forward of a few tokens "
+                "per row then costs about a plain step; docs/results/step_costs.md)",
 }
 
 

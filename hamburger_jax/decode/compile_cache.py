@@ -15,6 +15,7 @@ import jax
 import numpy as np
 
 from hamburger_jax.decode.mesh import on_mesh
+from hamburger_jax.model import cpu_dots
 
 
 def signature(args) -> tuple:
@@ -28,7 +29,8 @@ class Executables:
 
   functions: name -> fn(engine, *args); donate: name -> argnums donated (on accelerators the
   loop updates the KV buffers in place). `compile_s` adds up the seconds spent compiling. An
-  engine with a mesh traces on it (`mesh.on_mesh`).
+  engine with a mesh traces on it (`mesh.on_mesh`); an engine with cpu_dots "plain" compiles
+  with YNNPACK fusions off on a CPU (`plain_cpu_dots`).
   """
 
   def __init__(self, engine, functions: dict, donate: dict | None = None):
@@ -42,7 +44,12 @@ class Executables:
       t0 = time.perf_counter()
       fn = jax.jit(on_mesh(self.functions[name]), static_argnums=0,
                    donate_argnums=self.donate.get(name, ()))
-      self._compiled[key] = fn.lower(self.engine, *args).compile()
+      if plain_cpu_dots(self.engine):
+        with cpu_dots.plain():
+          lowered = fn.lower(self.engine, *args)
+        self._compiled[key] = lowered.compile(compiler_options=cpu_dots.COMPILER_OPTIONS)
+      else:
+        self._compiled[key] = fn.lower(self.engine, *args).compile()
       self.compile_s += time.perf_counter() - t0
     return self._compiled[key](*args)
 
@@ -50,6 +57,16 @@ class Executables:
   def compiled(self) -> dict:
     """(name, argument signature) -> the compiled executable, for inspection (HLO, costs)."""
     return dict(self._compiled)
+
+
+def plain_cpu_dots(engine) -> bool:
+  """Whether the engine's programs compile with YNNPACK fusions off (`model/cpu_dots.py`): asked
+  for, and the programs run on CPUs."""
+  if getattr(engine, "cpu_dots", "ynnpack") != "plain":
+    return False
+  mesh = getattr(engine, "mesh", None)
+  platform = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
+  return platform == "cpu"
 
 
 def next_pow2(n: int, floor: int = 1) -> int:

@@ -61,6 +61,9 @@ class DecodeEngine:
   # Verified decoding drafts a row's own earlier continuation where its last tokens repeat a
   # stretch of at least this many (`decode/lookup_drafts.py`); 0: off.
   lookup_drafts: int = 0
+  # XLA's CPU code path for the programs' dots (`model/cpu_dots.py`): "ynnpack" (XLA's default)
+  # or "plain" (YNNPACK fusions off: dots of a few rows cost about one; other backends ignore it).
+  cpu_dots: str = "ynnpack"
 
   @property
   def max_steps(self) -> int:

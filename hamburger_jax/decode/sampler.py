@@ -34,6 +34,7 @@ from hamburger_jax.decode.loop import TRACE_COUNTS, continue_probability  # noqa
 from hamburger_jax.decode.models import engine_model
 from hamburger_jax.decode.sampling import SamplingParams
 from hamburger_jax.decode.state import DecodeResult
+from hamburger_jax.model import cpu_dots as cpu_dots_lib
 from hamburger_jax.model import kv_cache as kv_cache_lib
 from hamburger_jax.model import quantize as quantize_lib
 
@@ -78,6 +79,9 @@ class Sampler:
   verified answers stay the base's); None or "none": the params as given.
   kv_cache: what the KV buffers store: "model" (the model's dtype) or "int8" (int8 values with a
   float32 scale per head vector, `model/kv_cache.py`: ~0.53x the bytes of bfloat16).
+  cpu_dots: on a CPU, the programs' dots as XLA compiles them by default ("ynnpack") or with
+  YNNPACK fusions off ("plain": a verified forward of a few rows per row then costs about a
+  plain step; `model/cpu_dots.py`). Other backends ignore it.
   """
 
   def __init__(self, cfg, params, *, base: bool = False, cache_length: int = 1024,
@@ -88,7 +92,7 @@ class Sampler:
                mesh=None, quantize: str | None = None, draft_width_rule=None,
                kv_cache: str = "model", verify_steps: int | None = None,
                draft_branches: int = 1, lookup_drafts: int | None = None,
-               draft_width_costs=None):
+               draft_width_costs=None, cpu_dots: str = "ynnpack"):
     model, params = engine_model(cfg, params, base, draft_vocab, verify, verify_steps)
     check_kv_cache(kv_cache, model.llama)
     try:
@@ -100,6 +104,7 @@ class Sampler:
     try:
       check_branches(draft_branches, verify, draft_width_rule)
       draft_width_rule = draft_width.resolve(draft_width_rule)
+      cpu_dots_lib.check_mode(cpu_dots)
       lookup_drafts = lookup_lib.resolve(lookup_drafts, verify, draft_branches)
       draft_width_costs = width_costs_lib.resolve(draft_width_costs,
                                                   verify_lib.forward_widths(model.max_steps))
@@ -111,7 +116,7 @@ class Sampler:
     self.engine = lp.DecodeEngine(model, cache_length + spare, out_length or cache_length,
                                   compact_micro_steps, skip_unmerged, verify, mesh,
                                   draft_width_rule, kv_cache, draft_branches,
-                                  lookup_drafts)
+                                  lookup_drafts, cpu_dots)
     self.max_prompt_len = cache_length
     llama = model.llama
     self.eos_ids = llama.eos_token_ids if eos_ids is None else tuple(int(e) for e in eos_ids)

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hamburger_jax.model import cpu_dots
 from hamburger_jax.model import partitioning as pt
 from hamburger_jax.model.config import LlamaConfig, RopeScaling
 from hamburger_jax.model.quantize import Dense
@@ -41,14 +42,22 @@ def dense(features: int, axes: tuple[str, str], cfg: LlamaConfig, name: str,
 # table once instead; these row counts are where it was measured faster than the dot, and other
 # row counts keep the dot. The gain depends on the CPU (docs/results/step_costs.md).
 FEW_ROWS = (2, 4, 8, 16, 32)
+# Without YNNPACK fusions (`cpu_dots` "plain") a multiply and sum is slow, and a dot of 2-7 rows
+# against a transposed table ~7x slower than one of 8 rows: such rows are padded to 8.
+PLAIN_MIN_ROWS = 8
 
 
 def attend_rows(hidden, table):
-  """hidden [R, D] times table [V, D] (one dtype) -> [R, V] float32 (= hidden @ table.T, summed
-  in another order where a multiply and sum is faster: float32, on CPU, R in FEW_ROWS)."""
-  if (hidden.ndim == 2 and hidden.shape[0] in FEW_ROWS and jax.default_backend() == "cpu"
-      and hidden.dtype == table.dtype == jnp.float32):
-    return jnp.sum(table[None] * hidden[:, None, :], axis=-1)
+  """hidden [R, D] times table [V, D] (one dtype) -> [R, V] float32 (= hidden @ table.T, in the
+  form that is fastest for R rows on a CPU in float32: summed in another order with YNNPACK
+  fusions, R in FEW_ROWS; padded to PLAIN_MIN_ROWS rows without them)."""
+  rows = hidden.shape[0] if hidden.ndim == 2 else 0
+  if jax.default_backend() == "cpu" and hidden.dtype == table.dtype == jnp.float32:
+    if cpu_dots.tracing_plain() and 1 < rows < PLAIN_MIN_ROWS:
+      padded = jnp.pad(hidden, ((0, PLAIN_MIN_ROWS - rows), (0, 0)))
+      return jnp.dot(padded, table.T)[:rows]
+    if not cpu_dots.tracing_plain() and rows in FEW_ROWS:
+      return jnp.sum(table[None] * hidden[:, None, :], axis=-1)
   return jnp.dot(hidden, table.T).astype(jnp.float32)
 
 

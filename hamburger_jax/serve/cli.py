@@ -22,7 +22,7 @@ import sys
 from typing import Sequence
 
 from hamburger_jax.convert import CheckpointError
-from hamburger_jax.decode.checkpoint import (apply_quantize, check_draft_branches,
+from hamburger_jax.decode.checkpoint import (apply_quantize, check_cpu_dots, check_draft_branches,
                                              check_lookup_drafts, lookup_setting, width_rule,
                                              check_kv_cache, check_quantize, check_verify_steps,
                                              checkpoint_dir, code_fence_ids,
@@ -119,6 +119,8 @@ class ServeArgs:
                         "'data=2,tensor=4' (their product = the devices; '' = one device)")
   kv_cache: str = _flag("model", "what the KV buffers store: 'model' (the model's dtype) or "
                                  "'int8' (a float32 scale per head vector; ~half the bytes)")
+  cpu_dots: str = _flag("ynnpack", "on a CPU, how XLA compiles the decode programs' dots: "
+                                   "'ynnpack' (XLA's default) or 'plain' (YNNPACK fusions off)")
   max_body_bytes: int = _flag(app_limits.MAX_BODY_BYTES, "largest request body (413 above it)")
   chars_per_token: int = _flag(
       service_limits.CHARS_PER_TOKEN, "prompts longer than this many characters per KV slot are "
@@ -165,6 +167,7 @@ def check_args(a: ServeArgs) -> None:
     raise UsageError(f"--min_token_prob must be in [0, 1], got {a.min_token_prob}.")
   check_quantize(a.quantize)
   check_kv_cache(a.kv_cache)
+  check_cpu_dots(a.cpu_dots)
   parse_mesh(a.mesh)
 
 
@@ -255,7 +258,7 @@ def build(a: ServeArgs) -> Service:
       eos_ids=tuple(d.llama.eos_token_ids), micro_policy=a.micro_policy,
       min_prompt_bucket=a.min_prompt_bucket, compact_micro_steps=a.compact_micro_steps,
       draft_vocab=d.draft_vocab, mesh=make_decode_mesh(a.mesh) if a.mesh else None,
-      kv_cache=a.kv_cache)
+      kv_cache=a.kv_cache, cpu_dots=a.cpu_dots)
   if both:
     engine = mode_router(a, d, make)
   else:

@@ -51,7 +51,7 @@ class SerialEngine:
                compact_micro_steps: bool | None = None, draft_vocab=None, verify: bool = False,
                mesh=None, kv_cache: str = "model", verify_steps: int | None = None,
                draft_branches: int = 1, lookup_drafts: int | None = None,
-               draft_width_rule=None, draft_width_costs=None):
+               draft_width_rule=None, draft_width_costs=None, cpu_dots: str = "ynnpack"):
     del compact_micro_steps                  # one row: every micro step runs on it alone
     if num_slots != 1:
       raise ValueError(f"SerialEngine decodes one request at a time: num_slots must be 1, got "
@@ -68,7 +68,7 @@ class SerialEngine:
                            verify=verify, mesh=mesh, kv_cache=kv_cache,
                            verify_steps=verify_steps, draft_branches=draft_branches,
                            lookup_drafts=lookup_drafts, draft_width_rule=draft_width_rule,
-                           draft_width_costs=draft_width_costs)
+                           draft_width_costs=draft_width_costs, cpu_dots=cpu_dots)
     self.max_prompt_len = cache_length
     self.params = self.sampler.params        # as placed on the device (ContinuousBatcher's too)
     self.scorer = prompt_scorer(self.sampler.engine.model, self.params, cache_length)

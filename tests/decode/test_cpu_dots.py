@@ -1,0 +1,91 @@
+"""Decoding programs compiled with XLA's YNNPACK fusions off (`cpu_dots="plain"`,
+model/cpu_dots.py): the option reaches the compiler, the LM head takes its padded dot, the
+answers stay the base's, and a bad mode is refused by name."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hamburger_jax.decode.batching import ContinuousBatcher, Request
+from hamburger_jax.decode.checkpoint import check_cpu_dots
+from hamburger_jax.decode.prompts import UsageError
+from hamburger_jax.decode.sampler import DecodeInputError, Sampler
+from hamburger_jax.model import cpu_dots
+from hamburger_jax.model.layers import PLAIN_MIN_ROWS, attend_rows
+from tests.decode.helpers import CACHE_LENGTH, OUT_LENGTH, drafting_model
+
+PROMPTS = [[1, 5, 7], [3, 9, 11, 2, 4], [7], [8, 8, 8, 8], [2] * 20, [100, 3], [17] * 9,
+           [200, 201, 202]]
+
+
+@functools.lru_cache(maxsize=None)
+def _samplers(mode: str):
+  cfg, params = drafting_model()
+  kw = dict(cache_length=CACHE_LENGTH, out_length=OUT_LENGTH, cpu_dots=mode)
+  return Sampler(cfg, params, base=True, **kw), Sampler(cfg, params, verify=True, **kw)
+
+
+def _hlo(sampler) -> str:
+  return "\n".join(c.as_text() for c in sampler.executables.compiled.values())
+
+
+@pytest.mark.parametrize("rows", [1, 8])
+def test_plain_verified_greedy_is_the_plain_base_token_for_token(rows):
+  base, verified = _samplers("plain")
+  want = base.decode(PROMPTS[:rows], max_new_tokens=24)
+  got = verified.decode(PROMPTS[:rows], max_new_tokens=24, confidence=0.5)
+  assert got.tokens == want.tokens and got.finish_reasons == want.finish_reasons
+  assert got.stats()["tokens_per_forward"] > 1.3
+  # Every program of both samplers was compiled without YNNPACK fusions; the default has them.
+  assert "ynn_fusion" not in _hlo(base) + _hlo(verified)
+  _, default = _samplers("ynnpack")
+  default.decode(PROMPTS[:rows], max_new_tokens=24, confidence=0.5)
+  assert "ynn_fusion" in _hlo(default)
+
+
+def test_plain_continuous_batching_gives_the_static_answers():
+  cfg, params = drafting_model()
+  batcher = ContinuousBatcher(cfg, params, verify=True, num_slots=4, cache_length=CACHE_LENGTH,
+                              cpu_dots="plain")
+  done = batcher.generate([Request(list(p), max_new_tokens=16, confidence=0.5)
+                           for p in PROMPTS[:6]])
+  base, _ = _samplers("plain")
+  want = base.decode(PROMPTS[:6], max_new_tokens=16)
+  assert [c.tokens for c in done] == want.tokens
+  assert "ynn_fusion" not in "\n".join(
+      c.as_text() for c in batcher.executables.compiled.values())
+
+
+@pytest.mark.parametrize("rows", [1, 2, 4, 7, 8, 9])
+def test_attend_rows_takes_the_form_of_its_code_path(rows):
+  rng = np.random.default_rng(rows)
+  table = jnp.asarray(rng.normal(size=(300, 16)), jnp.float32)
+  hidden = jnp.asarray(rng.normal(size=(rows, 16)), jnp.float32)
+  want = np.asarray(hidden) @ np.asarray(table).T
+  # A fresh jit per form: jit caches a function's trace whatever the context it was traced in.
+  with cpu_dots.plain():
+    lowered = jax.jit(lambda h, t: attend_rows(h, t)).lower(hidden, table)
+  text = lowered.as_text()
+  padded = 1 < rows < PLAIN_MIN_ROWS
+  assert ("stablehlo.pad" in text) == padded
+  if padded:
+    assert f"tensor<{PLAIN_MIN_ROWS}x300xf32>" in text
+  assert "dot_general" in text
+  got = lowered.compile(compiler_options=cpu_dots.COMPILER_OPTIONS)(hidden, table)
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+  assert got.shape == (rows, 300)
+  # Outside `plain()`, the few-row counts take the multiply-and-sum form instead.
+  default = jax.jit(lambda h, t: attend_rows(h, t))
+  assert ("dot_general" in default.lower(hidden, table).as_text()) == (rows not in (2, 4, 8))
+  np.testing.assert_allclose(np.asarray(default(hidden, table)), want, rtol=1e-5, atol=1e-5)
+
+
+def test_an_unknown_mode_is_refused_by_name():
+  cfg, params = drafting_model()
+  with pytest.raises(DecodeInputError, match="cpu_dots must be one of"):
+    Sampler(cfg, params, cache_length=CACHE_LENGTH, cpu_dots="eigen")
+  with pytest.raises(UsageError, match="--cpu_dots 'eigen' is unknown: use one of ynnpack, plain"):
+    check_cpu_dots("eigen")
