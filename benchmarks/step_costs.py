@@ -13,6 +13,7 @@ r"""What the pieces of a decode step cost, one measurement per run (picked by --
     python -m benchmarks.step_costs --what greedy_pick    # argmax over the vocabulary, two forms
     python -m benchmarks.step_costs --what timed_width_costs   # the width rule's costs timed
     python -m benchmarks.step_costs --what verify_profile # a verified step's time, part by part
+    python -m benchmarks.step_costs --what cpu_dots       # dense layers and LM head, both CPU paths
 
   batch          one micro prefill + micro step of the shipped model at B rows when k continue,
                  on all B rows and on the k gathered (benchmarks/costs/batch.py)
@@ -30,10 +31,12 @@ r"""What the pieces of a decode step cost, one measurement per run (picked by --
                  (costs/timed_width_costs.py)
   verify_profile where a whole verified step at width 4 spends its time, B 1, 8: thread time per
                  part of the model from a jax.profiler trace (costs/verify_profile.py)
+  cpu_dots       the base's dense layers and the tied LM head at 1-32 rows, compiled with XLA's
+                 CPU defaults and with YNNPACK fusions off (costs/cpu_dots.py)
 Settings are timed in rotation and the median reported. Prints the JSON and a markdown table and
 writes the JSON (with "provenance": command, commit, date, machine) to
 docs/results/data/step_costs/{batch_costs,macro_step_costs,few_rows_head,verify_widths,
-verify_steps,greedy_pick,timed_width_costs,verify_profile}.json
+verify_steps,greedy_pick,timed_width_costs,verify_profile,cpu_dots}.json
 unless --out.
 """
 
@@ -54,6 +57,7 @@ GROUPS = {            # flags that apply to one measurement only (dest: default)
     "greedy_pick": {},
     "timed_width_costs": {},
     "verify_profile": {},
+    "cpu_dots": {},
 }
 DEFAULTS = {"batch": dict(batch_sizes=[8, 32], repeats=15, out="batch_costs.json"),
             "macro_step": dict(batch_sizes=[1, 8, 32], repeats=7, out="macro_step_costs.json"),
@@ -63,7 +67,9 @@ DEFAULTS = {"batch": dict(batch_sizes=[8, 32], repeats=15, out="batch_costs.json
             "greedy_pick": dict(repeats=30, out="greedy_pick.json"),
             "timed_width_costs": dict(batch_sizes=[1, 8], repeats=3,
                                       out="timed_width_costs.json"),
-            "verify_profile": dict(batch_sizes=[1, 8], repeats=1, out="verify_profile.json")}
+            "verify_profile": dict(batch_sizes=[1, 8], repeats=1, out="verify_profile.json"),
+            "cpu_dots": dict(repeats=9, out="cpu_dots.json")}
+SHAPES_ONLY = ("few_rows_head", "greedy_pick", "cpu_dots")   # random weights, no batch sizes
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -102,7 +108,7 @@ def parse_args(argv=None):
   parser = build_parser()
   args = parser.parse_args(argv)
   check_flag_groups(parser, args, GROUPS, args.what)
-  if args.what in ("few_rows_head", "greedy_pick") and (args.batch_sizes or args.asset_dir):
+  if args.what in SHAPES_ONLY and (args.batch_sizes or args.asset_dir):
     parser.error(f"--batch_sizes and --asset_dir do not apply to --what {args.what}.")
   for dest, default in DEFAULTS[args.what].items():
     if getattr(args, dest) is None:
@@ -112,7 +118,7 @@ def parse_args(argv=None):
     parser.error("--repeats, --chunk_steps and --num_prompts must be >= 1.")
   if args.repeats < 1:
     parser.error(f"--repeats must be >= 1 (timed rounds), got {args.repeats}.")
-  if args.what not in ("few_rows_head", "greedy_pick"):
+  if args.what not in SHAPES_ONLY:
     from hamburger_jax.shipped import smollm2  # pylint: disable=import-outside-toplevel
     args.asset_dir = args.asset_dir or smollm2.ASSET_DIR
   return parser, args
@@ -142,6 +148,9 @@ def measure(parser, args) -> tuple[dict, str]:
   if args.what == "verify_profile":
     from benchmarks.costs import verify_profile
     return verify_profile.measure(args)
+  if args.what == "cpu_dots":
+    from benchmarks.costs import cpu_dots
+    return cpu_dots.measure(args)
   from benchmarks.costs import batch
   from hamburger_jax.decode import draft_vocab
   try:

@@ -127,6 +127,22 @@ def test_step_costs_greedy_pick_times_both_forms_on_the_same_tokens(tmp_path):
              for r in result["rows"])
 
 
+def test_step_costs_cpu_dots_times_both_code_paths_on_the_same_numbers():
+  import argparse
+  from benchmarks.costs import cpu_dots
+  result, table = cpu_dots.measure(argparse.Namespace(repeats=2), rows=(1, 4, 8), num_layers=2,
+                                   hidden=64, mlp=128, kv=32, vocab=512)
+  assert [r["rows"] for r in result["rows"]] == [1, 4, 8]
+  assert result["compiler_options"] == {"xla_cpu_experimental_ynn_fusion_type": ""}
+  for r in result["rows"]:
+    assert min(r[f"{part}_{mode}_ms"] for part in ("dense", "head")
+               for mode in ("ynnpack", "plain")) > 0
+    assert r["dense_max_abs_diff"] < 1e-4 and r["head_max_abs_diff"] < 1e-4
+  assert table.count("\n") == 4 and "head plain ms" in table
+  with pytest.raises(SystemExit):
+    step_costs.main(["--what", "cpu_dots", "--batch_sizes", "8"])
+
+
 def test_verify_profile_assigns_each_op_to_its_part_and_leaves_control_flow_out():
   from benchmarks.costs import verify_profile
   meta = lambda op: f'metadata={{op_name="jit(loop)/while/body/{op}" stack_frame_id=1}}'
