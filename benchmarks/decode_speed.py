@@ -44,6 +44,7 @@ import sys
 from benchmarks.common import (check_flag_groups, markdown_table, positive_ints, results_dir,
                                write_json)
 from hamburger_jax.model import cpu_dots
+from hamburger_jax.recipes.heldout import PROMPT_SETS
 
 GROUPS = {            # flags that apply to one measurement only (dest: default)
     "sampler": {"preset": "tiny", "ckpt": None, "base_config": None, "lengths": "64,256,1024",
@@ -228,6 +229,10 @@ def parse_args(argv=None):
                    f"{args.verify_temperature}")
     if args.verify_temperature and args.verify_batching != "static":
       parser.error("--verify_temperature samples static batches: add --verify_batching=static")
+    _list_error(parser, "prompt_sets", args.prompt_sets, lambda t: t.split(","),
+                lambda v: set(v) <= set(PROMPT_SETS) and len(set(v)) == len(v),
+                f"comma-separated held-out prompt sets are needed: {', '.join(PROMPT_SETS)}, "
+                "e.g. --prompt_sets=both,code")
     _list_error(parser, "width_rules", args.width_rules, lambda t: t.split(","),
                 lambda v: set(v) <= {"on", "measured", "off"} and len(set(v)) == len(v),
                 "comma-separated width rules are needed: on, measured and/or off, e.g. "

@@ -288,6 +288,11 @@ def test_decode_speed_verify_engine_refuses_flags_of_other_engines(capsys):
   args, _ = decode_speed.parse_args(["--engine", "verify", "--drafter_quantize",
                                      "none,micro:int8:32"])
   assert args.drafter_quantize == "none,micro:int8:32"
+  for bad in ("mixed", "both,both", "code,"):
+    with pytest.raises(SystemExit):
+      decode_speed.parse_args(["--engine", "verify", "--prompt_sets", bad])
+    assert "held-out prompt sets are needed: stdlib, broad, both, code" in \
+        capsys.readouterr().err
   for bad in ("9", "x", "2,-1"):
     with pytest.raises(SystemExit):
       decode_speed.parse_args(["--engine", "verify", "--lookup_drafts", bad])
