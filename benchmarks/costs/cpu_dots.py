@@ -46,12 +46,7 @@ def dense_layers(x, weights):
 
 def _compiled(fn, args, mode: str):
   """fn jitted afresh, traced and compiled for `mode` ("ynnpack" or "plain")."""
-  jitted = jax.jit(lambda *a: fn(*a))
-  if mode == "ynnpack":
-    return jitted.lower(*args).compile()
-  with cpu_dots.plain():
-    lowered = jitted.lower(*args)
-  return lowered.compile(compiler_options=cpu_dots.COMPILER_OPTIONS)
+  return cpu_dots.compile_for(jax.jit(lambda *a: fn(*a)), args, mode)
 
 
 def measure(args, rows=ROWS, num_layers: int = NUM_LAYERS, hidden: int = HIDDEN,

@@ -44,12 +44,8 @@ class Executables:
       t0 = time.perf_counter()
       fn = jax.jit(on_mesh(self.functions[name]), static_argnums=0,
                    donate_argnums=self.donate.get(name, ()))
-      if plain_cpu_dots(self.engine):
-        with cpu_dots.plain():
-          lowered = fn.lower(self.engine, *args)
-        self._compiled[key] = lowered.compile(compiler_options=cpu_dots.COMPILER_OPTIONS)
-      else:
-        self._compiled[key] = fn.lower(self.engine, *args).compile()
+      mode = "plain" if plain_cpu_dots(self.engine) else "ynnpack"
+      self._compiled[key] = cpu_dots.compile_for(fn, (self.engine, *args), mode)
       self.compile_s += time.perf_counter() - t0
     return self._compiled[key](*args)
 

@@ -2,14 +2,11 @@
 
 XLA's CPU backend sends dots and reductions to YNNPACK fusions by default ("ynnpack"). A decode
 program can instead be compiled with those fusions off ("plain", `COMPILER_OPTIONS`): its dots
-are then plain dot thunks, which on the 2-core AVX2 machines measured take a dot of 2-32 rows at
-about the cost of reading its weights once, where YNNPACK's take ~2x a 1-row dot
-(docs/results/step_costs.md). A multiply-and-sum over a wide table, `attend_rows`' fast form
+are then plain dot thunks, which on the 2-core AVX2 machines measured take a dot of a few rows at
+little more than a 1-row dot's cost, where YNNPACK's cost far more (docs/results/step_costs.md). A multiply-and-sum over a wide table, `attend_rows`' fast form
 under YNNPACK, is slow there, so programs traced under `plain()` take a dot instead.
 
-    with cpu_dots.plain():
-      lowered = jax.jit(f).lower(*args)
-    compiled = lowered.compile(compiler_options=cpu_dots.COMPILER_OPTIONS)
+    compiled = cpu_dots.compile_for(jax.jit(f), args, "plain")
 
 jit caches a function's trace whatever the context it was traced in: trace under `plain()` only
 functions jitted for it (`decode.compile_cache.Executables` jits afresh per program).
@@ -44,3 +41,13 @@ def plain():
 def tracing_plain() -> bool:
   """Whether the program being traced will be compiled with `COMPILER_OPTIONS`."""
   return _PLAIN.get()
+
+
+def compile_for(jitted, args, mode: str):
+  """jitted (a fresh `jax.jit`) lowered on args and compiled for `mode`: "plain" traces under
+  `plain()` and compiles with COMPILER_OPTIONS; "ynnpack" as XLA does by default."""
+  if mode != "plain":
+    return jitted.lower(*args).compile()
+  with plain():
+    lowered = jitted.lower(*args)
+  return lowered.compile(compiler_options=COMPILER_OPTIONS)
