@@ -58,7 +58,7 @@ GROUPS = {            # flags that apply to one measurement only (dest: default)
     "verify": {"prompt_sets": "both,code", "draft_confidences": "0.001,0.3,0.5",
                "verify_prompts": 24, "verify_batching": "static", "width_rules": "off",
                "verify_steps": "", "draft_branches": "1", "drafter_quantize": "none",
-               "lookup_drafts": "", "verify_temperature": 0.0, "cpu_dots": "ynnpack"},
+               "lookup_drafts": "", "verify_temperature": 0.0},
 }
 DEFAULTS = {"sampler": dict(batch_sizes="1,8", out=("step_costs", "decode_speed.json")),
             "micro_layers": dict(max_new_tokens=128, out=("step_costs", "micro_layers.json")),
@@ -99,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--max_new_tokens", type=int, default=None,
                  help="batched engines (default 64) and --micro_layers (default 128)")
   p.add_argument("--out", default=None, help="the JSON (default under docs/results/data/)")
+  p.add_argument("--cpu_dots", choices=cpu_dots.MODES, default="ynnpack",
+                 help="batched and verify engines: XLA's CPU code path for the dots of the base "
+                      "and HAMburger alike (model/cpu_dots.py)")
   s = p.add_argument_group("sampler engine")
   s.add_argument("--preset", help="model size for random weights: a config preset or 'small'")
   s.add_argument("--ckpt", help="benchmark these weights instead (any decode.py checkpoint)")
@@ -137,9 +140,6 @@ def build_parser() -> argparse.ArgumentParser:
                  help="sample the base and verified decoding alike at this temperature (seed 0 "
                       "per batch; answers then agree in distribution, not token for token; "
                       "default 0: greedy)")
-  v.add_argument("--cpu_dots", choices=cpu_dots.MODES,
-                 help="XLA's CPU code path for the dots of the base and verified decoding alike "
-                      "(model/cpu_dots.py)")
   p.set_defaults(**GROUPS["sampler"], **GROUPS["batched"], **GROUPS["verify"])
   return p
 
@@ -190,6 +190,8 @@ def parse_args(argv=None):
   mode = ("micro_layers" if args.micro_layers else "sampler") if args.engine == ["sampler"] \
       else "verify" if args.engine == ["verify"] else "batched"
   check_flag_groups(parser, args, GROUPS, mode)
+  if mode in ("sampler", "micro_layers") and args.cpu_dots != "ynnpack":
+    parser.error("--cpu_dots applies to the batched and verify engines only.")
   if mode == "sampler" and args.max_new_tokens is not None:
     parser.error("--max_new_tokens applies to the batched engines and --micro_layers: the "
                  "sampler engine takes --lengths.")

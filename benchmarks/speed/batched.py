@@ -126,8 +126,9 @@ def settings_of(b, cfg, params, prompts, lengths, args, drafts, fence_ids):
   policy) on both engines; fn() decodes all prompts once -> (tokens, steps, wall s, decode s)."""
   n, conf, trust = args.max_new_tokens, args.confidence, args.min_token_prob
   cache = max(len(p) for p in prompts) + max(lengths) + 1
-  kw = dict(cache_length=cache, out_length=n)
-  ckw = dict(num_slots=b, cache_length=cache, chunk_steps=args.chunk_steps, eos_ids=(-1,))
+  kw = dict(cache_length=cache, out_length=n, cpu_dots=args.cpu_dots)
+  ckw = dict(num_slots=b, cache_length=cache, chunk_steps=args.chunk_steps, eos_ids=(-1,),
+             cpu_dots=args.cpu_dots)
   base_s = Sampler(cfg, params, base=True, **kw)
   base_c = ContinuousBatcher(cfg, params, base=True, **ckw)
   settings = [(dict(engine="static", model="base", policy=None),
@@ -233,7 +234,7 @@ def measure(args, loaded, write) -> dict:
       "max_new_tokens": args.max_new_tokens, "length_spread": args.length_spread,
       "confidence": args.confidence,
       "min_token_prob": args.min_token_prob,
-      "chunk_steps": args.chunk_steps, "repeats": args.repeats,
+      "chunk_steps": args.chunk_steps, "repeats": args.repeats, "cpu_dots": args.cpu_dots,
       "code_fences": bool(args.code_fences),
       "prompts": "held-out prompts (standard library and broad), chat template",
       "device": jax.devices()[0].device_kind, "backend": jax.default_backend(),
