@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--max_new_tokens", type=int, default=None,
                  help="batched engines (default 64) and --micro_layers (default 128)")
   p.add_argument("--out", default=None, help="the JSON (default under docs/results/data/)")
-  p.add_argument("--cpu_dots", choices=cpu_dots.MODES, default="ynnpack",
+  p.add_argument("--cpu_dots", choices=cpu_dots.MODES, default=cpu_dots.DEFAULT,
                  help="batched and verify engines: XLA's CPU code path for the dots of the base "
                       "and HAMburger alike (model/cpu_dots.py)")
   s = p.add_argument_group("sampler engine")
@@ -190,7 +190,7 @@ def parse_args(argv=None):
   mode = ("micro_layers" if args.micro_layers else "sampler") if args.engine == ["sampler"] \
       else "verify" if args.engine == ["verify"] else "batched"
   check_flag_groups(parser, args, GROUPS, mode)
-  if mode in ("sampler", "micro_layers") and args.cpu_dots != "ynnpack":
+  if mode in ("sampler", "micro_layers") and args.cpu_dots != cpu_dots.DEFAULT:
     parser.error("--cpu_dots applies to the batched and verify engines only.")
   if mode == "sampler" and args.max_new_tokens is not None:
     parser.error("--max_new_tokens applies to the batched engines and --micro_layers: the "

@@ -128,7 +128,7 @@ class ContinuousBatcher:
   draft_branches: verified steps check a tree of this many draft chains (`draft_tree`); 1: one.
   mesh: a jax Mesh to decode on (`decode/mesh.py`: params, KV buffers and slots sharded).
   kv_cache: what the KV buffers store, "model" or "int8" (`model/kv_cache.py`).
-  cpu_dots: XLA's CPU code path for the dots, "ynnpack" or "plain" (`model/cpu_dots.py`).
+  cpu_dots: XLA's CPU code path for the dots, "plain" (default) or "ynnpack" (`model/cpu_dots.py`).
   """
 
   def __init__(self, cfg, params, *, base: bool = False, num_slots: int = 8,
@@ -139,7 +139,7 @@ class ContinuousBatcher:
                mesh=None, draft_width_rule=None, kv_cache: str = "model",
                verify_steps: int | None = None,
                draft_branches: int = 1, lookup_drafts: int | None = None,
-               draft_width_costs=None, cpu_dots: str = "ynnpack"):
+               draft_width_costs=None, cpu_dots: str = cpu_dots_lib.DEFAULT):
     for name, value in (("num_slots", num_slots), ("cache_length", cache_length),
                         ("chunk_steps", chunk_steps)):
       if value < 1:

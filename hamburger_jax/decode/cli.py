@@ -33,6 +33,7 @@ from hamburger_jax.decode.mesh import make_decode_mesh
 from hamburger_jax.decode.prompts import UsageError, parse_token_ids
 from hamburger_jax.decode.render import Printer, print_comparison, print_json, stream_one, summary
 from hamburger_jax.decode.sampler import DecodeInputError, Sampler
+from hamburger_jax.model import cpu_dots as cpu_dots_lib
 from hamburger_jax.shipped import named
 from hamburger_jax.testing.fixtures import make_tiny_checkpoint
 from hamburger_jax.text.tokenizer import TokenizerError
@@ -85,7 +86,7 @@ class DecodeArgs:
   quantize: str = "none"            # "int8": per-channel scales; "int8:G": per group of G inputs
   mesh: str = ""                    # "data=2,tensor=4": one model over a device mesh ("" = one)
   kv_cache: str = "model"           # what the KV buffers store: the model's dtype or "int8"
-  cpu_dots: str = "ynnpack"         # on a CPU: XLA's default dots, or "plain" (YNNPACK fusions off)
+  cpu_dots: str = cpu_dots_lib.DEFAULT  # on a CPU: "plain" (YNNPACK fusions off) or "ynnpack"
 
 
 def check_args(a: DecodeArgs) -> None:
@@ -363,9 +364,9 @@ _HELP = {
             "vocabulary split over tensor, rows over data ('' = one device)",
     "kv_cache": "what the KV buffers store: 'model' (the model's dtype) or 'int8' (int8 with a "
                 "float32 scale per head vector: about half the KV bytes of bfloat16)",
-    "cpu_dots": "on a CPU, how XLA compiles the decode programs' dots: 'ynnpack' (XLA's "
-                "default) or 'plain' (YNNPACK fusions off: a verified forward of a few tokens "
-                "per row then costs about a plain step; docs/results/step_costs.md)",
+    "cpu_dots": "on a CPU, how XLA compiles the decode programs' dots: 'plain' (YNNPACK fusions "
+                "off: a verified forward of a few tokens per row then costs about a plain step; "
+                "docs/results/step_costs.md) or 'ynnpack' (XLA's default)",
 }
 
 

@@ -58,7 +58,7 @@ class Executables:
 def plain_cpu_dots(engine) -> bool:
   """Whether the engine's programs compile with YNNPACK fusions off (`model/cpu_dots.py`): asked
   for, and the programs run on CPUs."""
-  if getattr(engine, "cpu_dots", "ynnpack") != "plain":
+  if getattr(engine, "cpu_dots", cpu_dots.DEFAULT) != "plain":
     return False
   mesh = getattr(engine, "mesh", None)
   platform = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()

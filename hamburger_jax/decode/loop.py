@@ -28,6 +28,7 @@ from hamburger_jax.decode.mesh import constrain_state
 from hamburger_jax.decode.micro import (Group, Pick, continue_probability,  # noqa: F401
                                          is_fence_token, pick)
 from hamburger_jax.decode.models import DecodeModel
+from hamburger_jax.model import cpu_dots as cpu_dots_lib
 from hamburger_jax.model.kv_cache import init_cache
 
 # Python-side trace counters (incremented while tracing): tests use them to prove no recompiles.
@@ -61,9 +62,10 @@ class DecodeEngine:
   # Verified decoding drafts a row's own earlier continuation where its last tokens repeat a
   # stretch of at least this many (`decode/lookup_drafts.py`); 0: off.
   lookup_drafts: int = 0
-  # XLA's CPU code path for the programs' dots (`model/cpu_dots.py`): "ynnpack" (XLA's default)
-  # or "plain" (YNNPACK fusions off: dots of a few rows cost about one; other backends ignore it).
-  cpu_dots: str = "ynnpack"
+  # XLA's CPU code path for the programs' dots (`model/cpu_dots.py`): "plain" (the default:
+  # YNNPACK fusions off, dots of a few rows cost about one) or "ynnpack" (XLA's own default);
+  # other backends ignore it.
+  cpu_dots: str = cpu_dots_lib.DEFAULT
 
   @property
   def max_steps(self) -> int:

@@ -79,9 +79,9 @@ class Sampler:
   verified answers stay the base's); None or "none": the params as given.
   kv_cache: what the KV buffers store: "model" (the model's dtype) or "int8" (int8 values with a
   float32 scale per head vector, `model/kv_cache.py`: ~0.53x the bytes of bfloat16).
-  cpu_dots: on a CPU, the programs' dots as XLA compiles them by default ("ynnpack") or with
-  YNNPACK fusions off ("plain": a verified forward of a few rows per row then costs about a
-  plain step; `model/cpu_dots.py`). Other backends ignore it.
+  cpu_dots: on a CPU, the programs' dots with YNNPACK fusions off ("plain", the default: a
+  verified forward of a few rows per row then costs about a plain step) or as XLA compiles them
+  by default ("ynnpack"); `model/cpu_dots.py`. Other backends ignore it.
   """
 
   def __init__(self, cfg, params, *, base: bool = False, cache_length: int = 1024,
@@ -92,7 +92,7 @@ class Sampler:
                mesh=None, quantize: str | None = None, draft_width_rule=None,
                kv_cache: str = "model", verify_steps: int | None = None,
                draft_branches: int = 1, lookup_drafts: int | None = None,
-               draft_width_costs=None, cpu_dots: str = "ynnpack"):
+               draft_width_costs=None, cpu_dots: str = cpu_dots_lib.DEFAULT):
     model, params = engine_model(cfg, params, base, draft_vocab, verify, verify_steps)
     check_kv_cache(kv_cache, model.llama)
     try:

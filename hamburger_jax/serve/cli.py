@@ -32,6 +32,7 @@ from hamburger_jax.decode.prompts import UsageError
 from hamburger_jax.decode import verify
 from hamburger_jax.decode.mesh import make_decode_mesh, parse_mesh
 from hamburger_jax.decode.sampler import DecodeInputError
+from hamburger_jax.model import cpu_dots
 from hamburger_jax.model.config import HamburgerConfig
 from hamburger_jax.serve import app as app_limits
 from hamburger_jax.serve import engines
@@ -119,8 +120,8 @@ class ServeArgs:
                         "'data=2,tensor=4' (their product = the devices; '' = one device)")
   kv_cache: str = _flag("model", "what the KV buffers store: 'model' (the model's dtype) or "
                                  "'int8' (a float32 scale per head vector; ~half the bytes)")
-  cpu_dots: str = _flag("ynnpack", "on a CPU, how XLA compiles the decode programs' dots: "
-                                   "'ynnpack' (XLA's default) or 'plain' (YNNPACK fusions off)")
+  cpu_dots: str = _flag(cpu_dots.DEFAULT, "on a CPU, how XLA compiles the decode programs' dots: "
+                                   "'plain' (YNNPACK fusions off) or 'ynnpack' (XLA's default)")
   max_body_bytes: int = _flag(app_limits.MAX_BODY_BYTES, "largest request body (413 above it)")
   chars_per_token: int = _flag(
       service_limits.CHARS_PER_TOKEN, "prompts longer than this many characters per KV slot are "

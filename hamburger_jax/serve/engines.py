@@ -25,6 +25,7 @@ from hamburger_jax.decode.batching import ContinuousBatcher, Event, Request
 from hamburger_jax.decode.models import prompt_scorer
 from hamburger_jax.decode.sampler import Sampler
 from hamburger_jax.decode.state import DecodeResult
+from hamburger_jax.model import cpu_dots as cpu_dots_lib
 from hamburger_jax.model.config import HamburgerConfig
 
 ENGINES = ("continuous", "serial")
@@ -51,7 +52,7 @@ class SerialEngine:
                compact_micro_steps: bool | None = None, draft_vocab=None, verify: bool = False,
                mesh=None, kv_cache: str = "model", verify_steps: int | None = None,
                draft_branches: int = 1, lookup_drafts: int | None = None,
-               draft_width_rule=None, draft_width_costs=None, cpu_dots: str = "ynnpack"):
+               draft_width_rule=None, draft_width_costs=None, cpu_dots: str = cpu_dots_lib.DEFAULT):
     del compact_micro_steps                  # one row: every micro step runs on it alone
     if num_slots != 1:
       raise ValueError(f"SerialEngine decodes one request at a time: num_slots must be 1, got "

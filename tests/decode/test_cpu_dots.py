@@ -39,7 +39,7 @@ def test_plain_verified_greedy_is_the_plain_base_token_for_token(rows):
   got = verified.decode(PROMPTS[:rows], max_new_tokens=24, confidence=0.5)
   assert got.tokens == want.tokens and got.finish_reasons == want.finish_reasons
   assert got.stats()["tokens_per_forward"] > 1.3
-  # Every program of both samplers was compiled without YNNPACK fusions; the default has them.
+  # Every program of both samplers was compiled without YNNPACK fusions; "ynnpack" has them.
   assert "ynn_fusion" not in _hlo(base) + _hlo(verified)
   _, default = _samplers("ynnpack")
   default.decode(PROMPTS[:rows], max_new_tokens=24, confidence=0.5)
@@ -89,3 +89,14 @@ def test_an_unknown_mode_is_refused_by_name():
     Sampler(cfg, params, cache_length=CACHE_LENGTH, cpu_dots="eigen")
   with pytest.raises(UsageError, match="--cpu_dots 'eigen' is unknown: use one of ynnpack, plain"):
     check_cpu_dots("eigen")
+
+
+def test_engines_compile_plain_dots_by_default_on_a_cpu():
+  cfg, params = drafting_model()
+  sampler = Sampler(cfg, params, verify=True, cache_length=CACHE_LENGTH, out_length=OUT_LENGTH)
+  batcher = ContinuousBatcher(cfg, params, base=True, num_slots=2, cache_length=CACHE_LENGTH)
+  assert sampler.engine.cpu_dots == batcher.engine.cpu_dots == cpu_dots.DEFAULT == "plain"
+  sampler.decode(PROMPTS[:2], max_new_tokens=8, confidence=0.5)
+  batcher.generate([Request(list(p), max_new_tokens=8) for p in PROMPTS[:2]])
+  text = _hlo(sampler) + "\n".join(c.as_text() for c in batcher.executables.compiled.values())
+  assert "dot" in text and "ynn_fusion" not in text
