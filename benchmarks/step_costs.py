@@ -32,7 +32,7 @@ r"""What the pieces of a decode step cost, one measurement per run (picked by --
   verify_profile where a whole verified step at width 4 spends its time, B 1, 8: thread time per
                  part of the model from a jax.profiler trace (costs/verify_profile.py)
   cpu_dots       the base's dense layers and the tied LM head at 1-32 rows, compiled with XLA's
-                 CPU defaults and with YNNPACK fusions off (costs/cpu_dots.py)
+                 CPU defaults and with plain dots (costs/cpu_dots.py)
 Settings are timed in rotation and the median reported. Prints the JSON and a markdown table and
 writes the JSON (with "provenance": command, commit, date, machine) to
 docs/results/data/step_costs/{batch_costs,macro_step_costs,few_rows_head,verify_widths,

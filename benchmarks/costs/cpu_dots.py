@@ -6,7 +6,7 @@ at the shipped SmolLM2's shapes (random weights) and R rows (R = batch x tokens 
   LM head  the tied head [R, 576] x [49152, 576]^T in the form each path traces
            (`layers.attend_rows`)
 
-each compiled with XLA's defaults ("ynnpack") and with YNNPACK fusions off ("plain"). Every
+each compiled with XLA's defaults ("ynnpack") and with plain dots ("plain"). Every
 setting is timed --repeats times after a compile and a warm-up call, the settings in rotation,
 median per call.
 """

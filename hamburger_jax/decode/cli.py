@@ -86,7 +86,7 @@ class DecodeArgs:
   quantize: str = "none"            # "int8": per-channel scales; "int8:G": per group of G inputs
   mesh: str = ""                    # "data=2,tensor=4": one model over a device mesh ("" = one)
   kv_cache: str = "model"           # what the KV buffers store: the model's dtype or "int8"
-  cpu_dots: str = cpu_dots_lib.DEFAULT  # on a CPU: "plain" (YNNPACK fusions off) or "ynnpack"
+  cpu_dots: str = cpu_dots_lib.DEFAULT  # on a CPU: "plain" (YNNPACK dots off) or "ynnpack"
 
 
 def check_args(a: DecodeArgs) -> None:
@@ -364,8 +364,8 @@ _HELP = {
             "vocabulary split over tensor, rows over data ('' = one device)",
     "kv_cache": "what the KV buffers store: 'model' (the model's dtype) or 'int8' (int8 with a "
                 "float32 scale per head vector: about half the KV bytes of bfloat16)",
-    "cpu_dots": "on a CPU, how XLA compiles the decode programs' dots: 'plain' (YNNPACK fusions "
-                "off: a verified forward of a few tokens per row then costs about a plain step; "
+    "cpu_dots": "on a CPU, how XLA compiles the decode programs' dots: 'plain' (YNNPACK's dot "
+                "fusions off: a verified forward of a few tokens per row then costs about a plain step; "
                 "docs/results/step_costs.md) or 'ynnpack' (XLA's default)",
 }
 

@@ -30,7 +30,7 @@ class Executables:
   functions: name -> fn(engine, *args); donate: name -> argnums donated (on accelerators the
   loop updates the KV buffers in place). `compile_s` adds up the seconds spent compiling. An
   engine with a mesh traces on it (`mesh.on_mesh`); an engine with cpu_dots "plain" compiles
-  with YNNPACK fusions off on a CPU (`plain_cpu_dots`).
+  with plain dots on a CPU (`plain_cpu_dots`).
   """
 
   def __init__(self, engine, functions: dict, donate: dict | None = None):
@@ -56,7 +56,7 @@ class Executables:
 
 
 def plain_cpu_dots(engine) -> bool:
-  """Whether the engine's programs compile with YNNPACK fusions off (`model/cpu_dots.py`): asked
+  """Whether the engine's programs compile with plain dots (`model/cpu_dots.py`): asked
   for, and the programs run on CPUs."""
   if getattr(engine, "cpu_dots", cpu_dots.DEFAULT) != "plain":
     return False

@@ -79,7 +79,7 @@ class Sampler:
   verified answers stay the base's); None or "none": the params as given.
   kv_cache: what the KV buffers store: "model" (the model's dtype) or "int8" (int8 values with a
   float32 scale per head vector, `model/kv_cache.py`: ~0.53x the bytes of bfloat16).
-  cpu_dots: on a CPU, the programs' dots with YNNPACK fusions off ("plain", the default: a
+  cpu_dots: on a CPU, the programs' dots with YNNPACK's dot fusions off ("plain", the default: a
   verified forward of a few rows per row then costs about a plain step) or as XLA compiles them
   by default ("ynnpack"); `model/cpu_dots.py`. Other backends ignore it.
   """

@@ -1,12 +1,13 @@
 """Which of XLA's CPU code paths a decode program's dots take, and the forms that are fast there.
 
 XLA's CPU backend sends dots and reductions to YNNPACK fusions by default ("ynnpack"). A decode
-program can instead be compiled with those fusions off ("plain", `COMPILER_OPTIONS`; the
-decode engines' default on a CPU): its dots are then plain dot thunks, which on the 2-core AVX2
-machines measured take a dot of a few rows at little more than a 1-row dot's cost, where
-YNNPACK's cost far more (docs/results/step_costs.md). A multiply-and-sum over a wide table,
-`attend_rows`' fast form under YNNPACK, is slow there, so programs traced under `plain()` take a
-dot instead.
+program can instead be compiled with YNNPACK's dot fusions off and its reduce fusions kept
+("plain", `COMPILER_OPTIONS`; the decode engines' default on a CPU): its dots are then plain dot
+thunks, which on the 2-core AVX2 machines measured take a dot of a few rows at little more than
+a 1-row dot's cost, where YNNPACK's cost far more (docs/results/step_costs.md). A tied LM head
+of a few rows is faster still as a multiply and sum over the table, which YNNPACK runs as one
+reduction: programs traced under `plain()` take that form from 2 rows on
+(`layers.attend_rows`).
 
     compiled = cpu_dots.compile_for(jax.jit(f), args, "plain")
 
@@ -21,7 +22,7 @@ import contextvars
 
 MODES = ("ynnpack", "plain")
 DEFAULT = "plain"     # on a CPU; other platforms ignore the mode
-COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
+COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_REDUCE"}
 _PLAIN = contextvars.ContextVar("hamburger_jax_plain_cpu_dots", default=False)
 
 
@@ -33,7 +34,7 @@ def check_mode(mode: str) -> str:
 
 @contextlib.contextmanager
 def plain():
-  """Traces inside take the forms that are fast with YNNPACK fusions off."""
+  """Traces inside take the forms that are fast with plain dots (`COMPILER_OPTIONS`)."""
   token = _PLAIN.set(True)
   try:
     yield

@@ -42,21 +42,19 @@ def dense(features: int, axes: tuple[str, str], cfg: LlamaConfig, name: str,
 # table once instead; these row counts are where it was measured faster than the dot, and other
 # row counts keep the dot. The gain depends on the CPU (docs/results/step_costs.md).
 FEW_ROWS = (2, 4, 8, 16, 32)
-# Without YNNPACK fusions (`cpu_dots` "plain") a multiply and sum is slow, and a dot of 2-7 rows
-# against a transposed table ~7x slower than one of 8 rows: such rows are padded to 8.
-PLAIN_MIN_ROWS = 8
+# With YNNPACK's dot fusions off and its reduce fusions kept (`cpu_dots` "plain"), a multiply and
+# sum over D is one YNNPACK reduction, measured faster than the dot from 2 rows to this many.
+PLAIN_SUM_MAX_ROWS = 64
 
 
 def attend_rows(hidden, table):
   """hidden [R, D] times table [V, D] (one dtype) -> [R, V] float32 (= hidden @ table.T, in the
-  form that is fastest for R rows on a CPU in float32: summed in another order with YNNPACK
-  fusions, R in FEW_ROWS; padded to PLAIN_MIN_ROWS rows without them)."""
+  form that is fastest for R rows on a CPU in float32: a multiply and sum over D, R in FEW_ROWS
+  with XLA's default fusions, 2 <= R <= PLAIN_SUM_MAX_ROWS with plain dots; else a dot)."""
   rows = hidden.shape[0] if hidden.ndim == 2 else 0
   if jax.default_backend() == "cpu" and hidden.dtype == table.dtype == jnp.float32:
-    if cpu_dots.tracing_plain() and 1 < rows < PLAIN_MIN_ROWS:
-      padded = jnp.pad(hidden, ((0, PLAIN_MIN_ROWS - rows), (0, 0)))
-      return jnp.dot(padded, table.T)[:rows]
-    if not cpu_dots.tracing_plain() and rows in FEW_ROWS:
+    few = (1 < rows <= PLAIN_SUM_MAX_ROWS) if cpu_dots.tracing_plain() else rows in FEW_ROWS
+    if few:
       return jnp.sum(table[None] * hidden[:, None, :], axis=-1)
   return jnp.dot(hidden, table.T).astype(jnp.float32)
 

@@ -121,7 +121,7 @@ class ServeArgs:
   kv_cache: str = _flag("model", "what the KV buffers store: 'model' (the model's dtype) or "
                                  "'int8' (a float32 scale per head vector; ~half the bytes)")
   cpu_dots: str = _flag(cpu_dots.DEFAULT, "on a CPU, how XLA compiles the decode programs' dots: "
-                                   "'plain' (YNNPACK fusions off) or 'ynnpack' (XLA's default)")
+                                   "'plain' (YNNPACK's dot fusions off) or 'ynnpack' (XLA's default)")
   max_body_bytes: int = _flag(app_limits.MAX_BODY_BYTES, "largest request body (413 above it)")
   chars_per_token: int = _flag(
       service_limits.CHARS_PER_TOKEN, "prompts longer than this many characters per KV slot are "

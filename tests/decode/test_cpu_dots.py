@@ -1,8 +1,9 @@
-"""Decoding programs compiled with XLA's YNNPACK fusions off (`cpu_dots="plain"`,
-model/cpu_dots.py): the option reaches the compiler, the LM head takes its padded dot, the
-answers stay the base's, and a bad mode is refused by name."""
+"""Decoding programs compiled with YNNPACK's dot fusions off (`cpu_dots="plain"`,
+model/cpu_dots.py): the option reaches the compiler, the LM head takes its multiply-and-sum
+form, the answers stay the base's, and a bad mode is refused by name."""
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +15,7 @@ from hamburger_jax.decode.checkpoint import check_cpu_dots
 from hamburger_jax.decode.prompts import UsageError
 from hamburger_jax.decode.sampler import DecodeInputError, Sampler
 from hamburger_jax.model import cpu_dots
-from hamburger_jax.model.layers import PLAIN_MIN_ROWS, attend_rows
+from hamburger_jax.model.layers import FEW_ROWS, PLAIN_SUM_MAX_ROWS, attend_rows
 from tests.decode.helpers import CACHE_LENGTH, OUT_LENGTH, drafting_model
 
 PROMPTS = [[1, 5, 7], [3, 9, 11, 2, 4], [7], [8, 8, 8, 8], [2] * 20, [100, 3], [17] * 9,
@@ -32,6 +33,14 @@ def _hlo(sampler) -> str:
   return "\n".join(c.as_text() for c in sampler.executables.compiled.values())
 
 
+def _ynn_fusions(text: str) -> tuple[int, int]:
+  """(YNNPACK fusions, those of them holding a dot) in compiled HLO text."""
+  bodies = dict(re.findall(r"^%?([\w.\-]+) \([^\n]*\{\n(.*?)\n\}", text, re.M | re.S))
+  called = re.findall(r"calls=%?([\w.\-]+)[^\n]*__ynn_fusion", text)
+  assert all(c in bodies for c in called)
+  return len(called), sum(" dot(" in bodies[c] for c in called)
+
+
 @pytest.mark.parametrize("rows", [1, 8])
 def test_plain_verified_greedy_is_the_plain_base_token_for_token(rows):
   base, verified = _samplers("plain")
@@ -39,11 +48,14 @@ def test_plain_verified_greedy_is_the_plain_base_token_for_token(rows):
   got = verified.decode(PROMPTS[:rows], max_new_tokens=24, confidence=0.5)
   assert got.tokens == want.tokens and got.finish_reasons == want.finish_reasons
   assert got.stats()["tokens_per_forward"] > 1.3
-  # Every program of both samplers was compiled without YNNPACK fusions; "ynnpack" has them.
-  assert "ynn_fusion" not in _hlo(base) + _hlo(verified)
+  # No dot of either sampler's programs runs in a YNNPACK fusion, its reductions do (the LM
+  # head's multiply and sum); with "ynnpack" dots do.
+  fusions, with_dots = _ynn_fusions(_hlo(base) + _hlo(verified))
+  assert fusions > 0 and with_dots == 0
+  assert " dot(" in _hlo(base) + _hlo(verified)
   _, default = _samplers("ynnpack")
   default.decode(PROMPTS[:rows], max_new_tokens=24, confidence=0.5)
-  assert "ynn_fusion" in _hlo(default)
+  assert _ynn_fusions(_hlo(default))[1] > 0
 
 
 def test_plain_continuous_batching_gives_the_static_answers():
@@ -55,11 +67,11 @@ def test_plain_continuous_batching_gives_the_static_answers():
   base, _ = _samplers("plain")
   want = base.decode(PROMPTS[:6], max_new_tokens=16)
   assert [c.tokens for c in done] == want.tokens
-  assert "ynn_fusion" not in "\n".join(
-      c.as_text() for c in batcher.executables.compiled.values())
+  text = "\n".join(c.as_text() for c in batcher.executables.compiled.values())
+  assert _ynn_fusions(text)[1] == 0 and " dot(" in text
 
 
-@pytest.mark.parametrize("rows", [1, 2, 4, 7, 8, 9])
+@pytest.mark.parametrize("rows", [1, 2, 4, 7, 8, 9, PLAIN_SUM_MAX_ROWS, PLAIN_SUM_MAX_ROWS + 1])
 def test_attend_rows_takes_the_form_of_its_code_path(rows):
   rng = np.random.default_rng(rows)
   table = jnp.asarray(rng.normal(size=(300, 16)), jnp.float32)
@@ -68,18 +80,17 @@ def test_attend_rows_takes_the_form_of_its_code_path(rows):
   # A fresh jit per form: jit caches a function's trace whatever the context it was traced in.
   with cpu_dots.plain():
     lowered = jax.jit(lambda h, t: attend_rows(h, t)).lower(hidden, table)
-  text = lowered.as_text()
-  padded = 1 < rows < PLAIN_MIN_ROWS
-  assert ("stablehlo.pad" in text) == padded
-  if padded:
-    assert f"tensor<{PLAIN_MIN_ROWS}x300xf32>" in text
-  assert "dot_general" in text
-  got = lowered.compile(compiler_options=cpu_dots.COMPILER_OPTIONS)(hidden, table)
+  summed = 1 < rows <= PLAIN_SUM_MAX_ROWS
+  assert ("dot_general" in lowered.as_text()) == (not summed)
+  compiled = lowered.compile(compiler_options=cpu_dots.COMPILER_OPTIONS)
+  # The multiply and sum runs as one YNNPACK reduction; no dot runs in YNNPACK.
+  assert _ynn_fusions(compiled.as_text()) == ((1, 0) if summed else (0, 0))
+  got = compiled(hidden, table)
   np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
   assert got.shape == (rows, 300)
-  # Outside `plain()`, the few-row counts take the multiply-and-sum form instead.
+  # Outside `plain()`, the counts in FEW_ROWS take the multiply-and-sum form.
   default = jax.jit(lambda h, t: attend_rows(h, t))
-  assert ("dot_general" in default.lower(hidden, table).as_text()) == (rows not in (2, 4, 8))
+  assert ("dot_general" in default.lower(hidden, table).as_text()) == (rows not in FEW_ROWS)
   np.testing.assert_allclose(np.asarray(default(hidden, table)), want, rtol=1e-5, atol=1e-5)
 
 
@@ -99,4 +110,4 @@ def test_engines_compile_plain_dots_by_default_on_a_cpu():
   sampler.decode(PROMPTS[:2], max_new_tokens=8, confidence=0.5)
   batcher.generate([Request(list(p), max_new_tokens=8) for p in PROMPTS[:2]])
   text = _hlo(sampler) + "\n".join(c.as_text() for c in batcher.executables.compiled.values())
-  assert "dot" in text and "ynn_fusion" not in text
+  assert " dot(" in text and _ynn_fusions(text)[1] == 0
