@@ -133,7 +133,8 @@ def test_step_costs_cpu_dots_times_both_code_paths_on_the_same_numbers():
   result, table = cpu_dots.measure(argparse.Namespace(repeats=2), rows=(1, 4, 8), num_layers=2,
                                    hidden=64, mlp=128, kv=32, vocab=512)
   assert [r["rows"] for r in result["rows"]] == [1, 4, 8]
-  assert result["compiler_options"] == {"xla_cpu_experimental_ynn_fusion_type": ""}
+  assert result["compiler_options"] == {
+      "xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_REDUCE"}
   for r in result["rows"]:
     assert min(r[f"{part}_{mode}_ms"] for part in ("dense", "head")
                for mode in ("ynnpack", "plain")) > 0
