@@ -120,8 +120,9 @@ class ServeArgs:
                         "'data=2,tensor=4' (their product = the devices; '' = one device)")
   kv_cache: str = _flag("model", "what the KV buffers store: 'model' (the model's dtype) or "
                                  "'int8' (a float32 scale per head vector; ~half the bytes)")
-  cpu_dots: str = _flag(cpu_dots.DEFAULT, "on a CPU, how XLA compiles the decode programs' dots: "
-                                   "'plain' (YNNPACK's dot fusions off) or 'ynnpack' (XLA's default)")
+  cpu_dots: str = _flag(cpu_dots.DEFAULT, "on a CPU, how XLA compiles the decode programs' "
+                                          "dots: 'plain' (YNNPACK's dot fusions off) or "
+                                          "'ynnpack' (XLA's default)")
   max_body_bytes: int = _flag(app_limits.MAX_BODY_BYTES, "largest request body (413 above it)")
   chars_per_token: int = _flag(
       service_limits.CHARS_PER_TOKEN, "prompts longer than this many characters per KV slot are "

@@ -29,8 +29,9 @@ def _samplers(mode: str):
   return Sampler(cfg, params, base=True, **kw), Sampler(cfg, params, verify=True, **kw)
 
 
-def _hlo(sampler) -> str:
-  return "\n".join(c.as_text() for c in sampler.executables.compiled.values())
+def _hlo(engine) -> str:
+  """The compiled HLO text of a Sampler's or ContinuousBatcher's programs."""
+  return "\n".join(c.as_text() for c in engine.executables.compiled.values())
 
 
 def _ynn_fusions(text: str) -> tuple[int, int]:
@@ -67,7 +68,7 @@ def test_plain_continuous_batching_gives_the_static_answers():
   base, _ = _samplers("plain")
   want = base.decode(PROMPTS[:6], max_new_tokens=16)
   assert [c.tokens for c in done] == want.tokens
-  text = "\n".join(c.as_text() for c in batcher.executables.compiled.values())
+  text = _hlo(batcher)
   assert _ynn_fusions(text)[1] == 0 and " dot(" in text
 
 
@@ -109,5 +110,5 @@ def test_engines_compile_plain_dots_by_default_on_a_cpu():
   assert sampler.engine.cpu_dots == batcher.engine.cpu_dots == cpu_dots.DEFAULT == "plain"
   sampler.decode(PROMPTS[:2], max_new_tokens=8, confidence=0.5)
   batcher.generate([Request(list(p), max_new_tokens=8) for p in PROMPTS[:2]])
-  text = _hlo(sampler) + "\n".join(c.as_text() for c in batcher.executables.compiled.values())
+  text = _hlo(sampler) + _hlo(batcher)
   assert " dot(" in text and _ynn_fusions(text)[1] == 0
