@@ -14,6 +14,7 @@ r"""What the pieces of a decode step cost, one measurement per run (picked by --
     python -m benchmarks.step_costs --what timed_width_costs   # the width rule's costs timed
     python -m benchmarks.step_costs --what verify_profile # a verified step's time, part by part
     python -m benchmarks.step_costs --what cpu_dots       # dense layers and LM head, both CPU paths
+    python -m benchmarks.step_costs --what dense_forms    # dense layers at R rows, four forms
 
   batch          one micro prefill + micro step of the shipped model at B rows when k continue,
                  on all B rows and on the k gathered (benchmarks/costs/batch.py)
@@ -33,10 +34,12 @@ r"""What the pieces of a decode step cost, one measurement per run (picked by --
                  part of the model from a jax.profiler trace (costs/verify_profile.py)
   cpu_dots       the base's dense layers and the tied LM head at 1-32 rows, compiled with XLA's
                  CPU defaults and with plain dots (costs/cpu_dots.py)
+  dense_forms    the base's dense layers at 1-8 rows as a dot, a dot on transposed kernels, two
+                 half-kernel dots and a YNNPACK reduction, all plain (costs/dense_forms.py)
 Settings are timed in rotation and the median reported. Prints the JSON and a markdown table and
 writes the JSON (with "provenance": command, commit, date, machine) to
 docs/results/data/step_costs/{batch_costs,macro_step_costs,few_rows_head,verify_widths,
-verify_steps,greedy_pick,timed_width_costs,verify_profile,cpu_dots}.json
+verify_steps,greedy_pick,timed_width_costs,verify_profile,cpu_dots,dense_forms}.json
 unless --out.
 """
 
@@ -58,6 +61,7 @@ GROUPS = {            # flags that apply to one measurement only (dest: default)
     "timed_width_costs": {},
     "verify_profile": {},
     "cpu_dots": {},
+    "dense_forms": {},
 }
 DEFAULTS = {"batch": dict(batch_sizes=[8, 32], repeats=15, out="batch_costs.json"),
             "macro_step": dict(batch_sizes=[1, 8, 32], repeats=7, out="macro_step_costs.json"),
@@ -68,8 +72,10 @@ DEFAULTS = {"batch": dict(batch_sizes=[8, 32], repeats=15, out="batch_costs.json
             "timed_width_costs": dict(batch_sizes=[1, 8], repeats=3,
                                       out="timed_width_costs.json"),
             "verify_profile": dict(batch_sizes=[1, 8], repeats=1, out="verify_profile.json"),
-            "cpu_dots": dict(repeats=9, out="cpu_dots.json")}
-SHAPES_ONLY = ("few_rows_head", "greedy_pick", "cpu_dots")   # random weights, no batch sizes
+            "cpu_dots": dict(repeats=9, out="cpu_dots.json"),
+            "dense_forms": dict(repeats=11, out="dense_forms.json")}
+# random weights, no batch sizes
+SHAPES_ONLY = ("few_rows_head", "greedy_pick", "cpu_dots", "dense_forms")
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -151,6 +157,9 @@ def measure(parser, args) -> tuple[dict, str]:
   if args.what == "cpu_dots":
     from benchmarks.costs import cpu_dots
     return cpu_dots.measure(args)
+  if args.what == "dense_forms":
+    from benchmarks.costs import dense_forms
+    return dense_forms.measure(args)
   from benchmarks.costs import batch
   from hamburger_jax.decode import draft_vocab
   try:

@@ -34,19 +34,32 @@ def _weights(num_layers: int, hidden: int, mlp: int, kv: int):
           for _ in range(num_layers)]
 
 
-def dense_layers(x, weights):
-  """x [R, D] through each layer's seven dots (attention itself left out) -> [R, D]."""
+def dense_layers(x, weights, product=jnp.matmul):
+  """x [R, D] through each layer's seven products (attention itself left out) -> [R, D];
+  product(x, kernel) -> x @ kernel, the kernel stored as that form takes it (`dense_forms`)."""
   for w in weights:
-    q, k, v = x @ w["q"], x @ w["k"], x @ w["v"]
+    q, k, v = product(x, w["q"]), product(x, w["k"]), product(x, w["v"])
     reps = q.shape[-1] // k.shape[-1]
-    x = x + (q + jnp.tile(k, (1, reps)) + jnp.tile(v, (1, reps))) @ w["o"]
-    x = x + (jax.nn.silu(x @ w["gate"]) * (x @ w["up"])) @ w["down"] * 1e-3
+    x = x + product(q + jnp.tile(k, (1, reps)) + jnp.tile(v, (1, reps)), w["o"])
+    x = x + product(jax.nn.silu(product(x, w["gate"])) * product(x, w["up"]), w["down"]) * 1e-3
   return x
 
 
 def _compiled(fn, args, mode: str):
   """fn jitted afresh, traced and compiled for `mode` ("ynnpack" or "plain")."""
   return cpu_dots.compile_for(jax.jit(lambda *a: fn(*a)), args, mode)
+
+
+def median_ms(settings: dict, repeats: int) -> dict:
+  """{key: (compiled fn, its args)} -> {key: median ms per call}, timed `repeats` times each,
+  the settings in rotation."""
+  times = {key: [] for key in settings}
+  for _ in range(repeats):
+    for key, (fn, fn_args) in settings.items():
+      t0 = time.perf_counter()
+      jax.block_until_ready(fn(*fn_args))
+      times[key].append(time.perf_counter() - t0)
+  return {key: float(np.median(t) * 1e3) for key, t in times.items()}
 
 
 def measure(args, rows=ROWS, num_layers: int = NUM_LAYERS, hidden: int = HIDDEN,
@@ -66,13 +79,8 @@ def measure(args, rows=ROWS, num_layers: int = NUM_LAYERS, hidden: int = HIDDEN,
       outs = [np.asarray(settings[(r, part, m)][0](*settings[(r, part, m)][1]))
               for m in cpu_dots.MODES]
       diffs[(r, part)] = float(np.max(np.abs(outs[0] - outs[1])))
-  times = {key: [] for key in settings}
-  for _ in range(args.repeats):
-    for key, (fn, fn_args) in settings.items():
-      t0 = time.perf_counter()
-      jax.block_until_ready(fn(*fn_args))
-      times[key].append(time.perf_counter() - t0)
-  ms = lambda key: float(np.median(times[key]) * 1e3)
+  median = median_ms(settings, args.repeats)
+  ms = lambda key: median[key]
   out = [{"rows": r, **{f"{part}_{mode}_ms": ms((r, part, mode))
                         for part in ("dense", "head") for mode in cpu_dots.MODES},
           "dense_max_abs_diff": diffs[(r, "dense")], "head_max_abs_diff": diffs[(r, "head")]}

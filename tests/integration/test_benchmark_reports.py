@@ -144,6 +144,21 @@ def test_step_costs_cpu_dots_times_both_code_paths_on_the_same_numbers():
     step_costs.main(["--what", "cpu_dots", "--batch_sizes", "8"])
 
 
+def test_step_costs_dense_forms_times_every_form_on_the_same_numbers():
+  import argparse
+  from benchmarks.costs import dense_forms
+  result, table = dense_forms.measure(argparse.Namespace(repeats=2), rows=(1, 2, 4),
+                                      num_layers=2, hidden=64, mlp=128, kv=32)
+  assert [r["rows"] for r in result["rows"]] == [1, 2, 4]
+  assert result["forms"] == ["dot", "dot, [F, D]", "two halves", "reduction"]
+  for r in result["rows"]:
+    assert min(r[f"{form}_ms"] for form in result["forms"]) > 0
+    assert r["max_abs_diff"] < 1e-4
+  assert table.count("\n") == 4 and "dot / dot at 1 row" in table
+  with pytest.raises(SystemExit):
+    step_costs.main(["--what", "dense_forms", "--batch_sizes", "8"])
+
+
 def test_verify_profile_assigns_each_op_to_its_part_and_leaves_control_flow_out():
   from benchmarks.costs import verify_profile
   meta = lambda op: f'metadata={{op_name="jit(loop)/while/body/{op}" stack_frame_id=1}}'
