@@ -63,8 +63,8 @@ class DecodeEngine:
   # stretch of at least this many (`decode/lookup_drafts.py`); 0: off.
   lookup_drafts: int = 0
   # XLA's CPU code path for the programs' dots (`model/cpu_dots.py`): "plain" (the default:
-  # YNNPACK's dot fusions off, dots of a few rows cost about one) or "ynnpack" (XLA's own
-  # default); other backends ignore it.
+  # YNNPACK's dot fusions off, dots of a few rows far cheaper than YNNPACK's) or "ynnpack"
+  # (XLA's own default); other backends ignore it.
   cpu_dots: str = cpu_dots_lib.DEFAULT
 
   @property
