@@ -5,10 +5,9 @@ program can instead be compiled with YNNPACK's dot fusions off and its reduce fu
 ("plain", `COMPILER_OPTIONS`; the decode engines' default on a CPU): its dots are then plain dot
 thunks (a streaming GEMV at one row, an Eigen GEMM from two), which on the 2-core AVX2 machines
 measured take a dot of a few rows at far less than YNNPACK's cost, though more than one row's
-(docs/results/step_costs.md). A tied LM head
-of a few rows is faster still as a multiply and sum over the table, which YNNPACK runs as one
-reduction: programs traced under `plain()` take that form from 2 rows on
-(`layers.attend_rows`).
+(docs/results/step_costs.md). A tied LM head of a few rows is faster still as a multiply and
+sum over the table, which YNNPACK runs as one reduction: programs traced under `plain()` take
+that form from 2 rows on (`layers.attend_rows`).
 
     compiled = cpu_dots.compile_for(jax.jit(f), args, "plain")
 
