@@ -79,9 +79,8 @@ def measure(args, rows=ROWS, num_layers: int = NUM_LAYERS, hidden: int = HIDDEN,
       outs = [np.asarray(settings[(r, part, m)][0](*settings[(r, part, m)][1]))
               for m in cpu_dots.MODES]
       diffs[(r, part)] = float(np.max(np.abs(outs[0] - outs[1])))
-  median = median_ms(settings, args.repeats)
-  ms = lambda key: median[key]
-  out = [{"rows": r, **{f"{part}_{mode}_ms": ms((r, part, mode))
+  ms = median_ms(settings, args.repeats)
+  out = [{"rows": r, **{f"{part}_{mode}_ms": ms[(r, part, mode)]
                         for part in ("dense", "head") for mode in cpu_dots.MODES},
           "dense_max_abs_diff": diffs[(r, "dense")], "head_max_abs_diff": diffs[(r, "head")]}
          for r in rows]

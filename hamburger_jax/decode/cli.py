@@ -365,8 +365,8 @@ _HELP = {
     "kv_cache": "what the KV buffers store: 'model' (the model's dtype) or 'int8' (int8 with a "
                 "float32 scale per head vector: about half the KV bytes of bfloat16)",
     "cpu_dots": "on a CPU, how XLA compiles the decode programs' dots: 'plain' (YNNPACK's dot "
-                "fusions off: a verified forward of a few tokens per row then costs about a "
-                "plain step; docs/results/step_costs.md) or 'ynnpack' (XLA's default)",
+                "fusions off: a verified forward of a few tokens per row then costs far less "
+                "than with YNNPACK; docs/results/step_costs.md) or 'ynnpack' (XLA's default)",
 }
 
 
