@@ -13,7 +13,8 @@ pytestmark = pytest.mark.skipif(not aot.libtpu_available(),
                                 reason="libtpu is not installed: pip install 'libtpu==0.0.42.*'")
 
 
-@pytest.mark.run_first   # ~370 CPU-s of compiling (3.6 min on 2 cores, 4.7 GB resident)
+@pytest.mark.heavy       # ~370 CPU-s of compiling (3.6 min on 2 cores, 4.7 GB resident)
+@pytest.mark.run_first
 @pytest.mark.slow
 def test_llama3_1b_recipe_train_step_fits_v5e_2x4():
   from configs import llama3_1b

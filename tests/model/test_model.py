@@ -1,6 +1,7 @@
 """Properties of the HAMburger model: embedder, packing, cached vs full forwards, presets."""
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -13,18 +14,23 @@ from hamburger_jax.model.config import get_preset
 from hamburger_jax.model.hamburger import HamburgerModel, init_params, param_count
 
 CFG = get_preset("tiny")
-PARAMS = init_params(CFG, jax.random.PRNGKey(0))
 MODEL = HamburgerModel(CFG)
 V, S = CFG.base.vocab_size, CFG.max_steps
 
 
+@functools.cache
+def tiny_params():
+  """The tiny preset's params (made on first use, not while tests are collected)."""
+  return init_params(CFG, jax.random.PRNGKey(0))
+
+
 def apply(method, *args, **kw):
-  return MODEL.apply({"params": PARAMS}, *args, method=method, **kw)
+  return MODEL.apply({"params": tiny_params()}, *args, method=method, **kw)
 
 
 def random_params_nonzero_bias():
   # Zero-initialised biases would hide bias bugs: perturb every leaf.
-  leaves, tree = jax.tree_util.tree_flatten(PARAMS)
+  leaves, tree = jax.tree_util.tree_flatten(tiny_params())
   keys = jax.random.split(jax.random.PRNGKey(1), len(leaves))
   return jax.tree_util.tree_unflatten(
       tree, [x + 0.05 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
@@ -33,7 +39,7 @@ def random_params_nonzero_bias():
 def test_group_of_one_is_plain_embedding():
   tokens = jnp.array([[5, 9, 9, 9], [7, 0, 0, 0]])
   merged = apply(HamburgerModel.embed_groups, tokens, jnp.array([1, 1]))
-  plain = PARAMS["base"]["embed_tokens"]["embedding"][tokens[:, 0]]
+  plain = tiny_params()["base"]["embed_tokens"]["embedding"][tokens[:, 0]]
   np.testing.assert_array_equal(np.asarray(merged), np.asarray(plain))
 
 
@@ -107,8 +113,8 @@ def test_micro_step_mode_equals_teacher_forced():
   rng = np.random.RandomState(4)
   feats = jnp.asarray(rng.randn(3, CFG.num_features, CFG.base.hidden_size).astype(np.float32))
   tokens = rng.randint(3, V, (3, S))
-  emb = PARAMS["base"]["embed_tokens"]["embedding"][tokens[:, :S - 1]]
-  tf = MODEL.apply({"params": PARAMS}, feats, emb,
+  emb = tiny_params()["base"]["embed_tokens"]["embedding"][tokens[:, :S - 1]]
+  tf = MODEL.apply({"params": tiny_params()}, feats, emb,
                    method=lambda m, f, e: m.micro_decoder.teacher_forced(f, e))
   cache = apply(HamburgerModel.micro_prefill, feats)
   outs = [feats[:, -1]]
@@ -138,8 +144,8 @@ def test_llama3_1b_preset_parameter_count():
 def test_bf16_compute():
   cfg = CFG.replace(base=dataclasses.replace(CFG.base, dtype="bfloat16"))
   batch = make_batch(_examples(np.random.RandomState(5), 2), S, seq_len=32)
-  out = HamburgerModel(cfg).apply({"params": PARAMS}, jax.tree_util.tree_map(jnp.asarray, batch))
-  ref = MODEL.apply({"params": PARAMS}, jax.tree_util.tree_map(jnp.asarray, batch))
+  out = HamburgerModel(cfg).apply({"params": tiny_params()}, jax.tree_util.tree_map(jnp.asarray, batch))
+  ref = MODEL.apply({"params": tiny_params()}, jax.tree_util.tree_map(jnp.asarray, batch))
   assert out.micro_outputs.dtype == jnp.bfloat16 and out.logits.dtype == jnp.float32
   keep = np.arange(S) < batch["target_lengths"][..., None]
   err = np.abs(np.asarray(out.logits)[keep] - np.asarray(ref.logits)[keep]).max()
@@ -164,8 +170,8 @@ def test_gathered_targets_give_the_same_loss():
   examples = _examples(np.random.RandomState(6), 4)
   batch = jax.tree_util.tree_map(jnp.asarray, make_batch(examples, S, seq_len=40))
   most = int((batch["target_lengths"] > 0).sum(1).max())
-  full = MODEL.apply({"params": PARAMS}, batch)
-  part = MODEL.apply({"params": PARAMS}, batch, max_targets=most)
+  full = MODEL.apply({"params": tiny_params()}, batch)
+  part = MODEL.apply({"params": tiny_params()}, batch, max_targets=most)
   assert part.logits.shape[1] == most < full.logits.shape[1]
   loss = lambda o: hamburger_loss(o.logits, o.stop_logits, o.target_tokens, o.target_lengths)
   (l_full, m_full), (l_part, m_part) = loss(full), loss(part)
@@ -184,7 +190,7 @@ def test_decoding_heads_equal_the_training_heads(rows):
   assert logits.shape == (rows, V) and logits.dtype == jnp.float32
   np.testing.assert_allclose(logits, train_logits, rtol=1e-5, atol=1e-5)
   np.testing.assert_array_equal(stop, train_stop)
-  table = PARAMS["base"]["embed_tokens"]["embedding"]
+  table = tiny_params()["base"]["embed_tokens"]["embedding"]
   rowwise = layers.attend_rows(hidden, table)
   np.testing.assert_allclose(rowwise, hidden @ table.T, rtol=1e-5, atol=1e-5)
   # bfloat16 keeps the plain dot (a multiply and sum would add in bfloat16).

@@ -84,6 +84,7 @@ def test_step_sizing():
   assert accelerate_steps.fit_steps(-5.0, 0.5, cap=50) == 1
 
 
+@pytest.mark.heavy       # minutes: the real base through every stage
 @pytest.mark.slow
 def test_dry_run_trains_evaluates_and_exports_loadable_shards(tmp_path):
   from hamburger_jax.decode.sampler import Sampler
@@ -108,6 +109,7 @@ def test_dry_run_trains_evaluates_and_exports_loadable_shards(tmp_path):
   assert len(result.tokens[0]) >= 1
 
 
+@pytest.mark.heavy       # minutes: the real base through every stage
 @pytest.mark.slow
 def test_drafter_stage_dry_run_distils_trains_and_exports_a_loadable_drafter(tmp_path):
   # --drafter_minutes == --minutes: the drafter stage alone (the merged stage is tested above).
