@@ -5,6 +5,7 @@ for compile and run time (`tests/xla_flags.py`: without LLVM's expensive passes,
 bit for bit, and at backend optimisation level 0, float results moved in the last bits; the
 README's commands run as users run them; docs/results/tests.md)."""
 
+import gc
 import os
 import shutil
 import tempfile
@@ -21,6 +22,7 @@ if _OWN_CACHE:
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 
 import jax  # noqa: E402
+import pytest  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
@@ -33,3 +35,13 @@ def pytest_unconfigure():
 def pytest_collection_modifyitems(items):
   """Long tests first (stable otherwise): with `-n 2 --dist loadfile` their files start at once."""
   items.sort(key=lambda item: item.get_closest_marker("run_first") is None)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+  """After each test file: drop JAX's in-memory caches of traced and compiled programs (a later
+  file that needs one again reads it back from the persistent cache), so a process running
+  hundreds of tests does not keep every program it ever compiled in memory."""
+  yield
+  jax.clear_caches()
+  gc.collect()
