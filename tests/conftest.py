@@ -32,8 +32,15 @@ def pytest_unconfigure():
     shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 
 
-def pytest_collection_modifyitems(items):
-  """Long tests first (stable otherwise): with `-n 2 --dist loadfile` their files start at once."""
+def pytest_collection_modifyitems(config, items):
+  """Leaves out the tests marked `heavy` unless `-m` names the mark or a test is named by its id
+  (`pytest -m heavy tests`, `pytest tests/x.py::test_y`); long tests first (stable otherwise):
+  with `-n 2 --dist loadfile` their files start at once."""
+  if "heavy" not in config.option.markexpr and not any("::" in arg for arg in config.args):
+    heavy = [item for item in items if item.get_closest_marker("heavy")]
+    if heavy:
+      config.hook.pytest_deselected(items=heavy)
+      items[:] = [item for item in items if not item.get_closest_marker("heavy")]
   items.sort(key=lambda item: item.get_closest_marker("run_first") is None)
 
 
