@@ -10,6 +10,7 @@ r"""Decode speed of HAMburger against its base model, same prompts and weights, 
         --max_new_tokens 16                                    # quick
     python -m benchmarks.decode_speed --engine continuous --length_spread 0.5
     python -m benchmarks.decode_speed --engine floor --preset llama3.2-1b --out $OUT/floor.json
+    python -m benchmarks.decode_speed --engine startup      # decode.py's start, cache off/cold/warm
 
 The measurements, picked by flags:
   --engine sampler (default)  `Sampler.decode` of random (or --ckpt) weights, base vs HAMburger
@@ -31,6 +32,10 @@ The measurements, picked by flags:
   --engine floor              one GPU: ms per decode-loop iteration of the base and of HAMburger
       against the memory-bandwidth floor (weights + KV cache read once), per XLA-flags / int8
       variant (benchmarks/speed/step_floor.py, its own flags: --engine floor --help).
+  --engine startup            decode.py processes from start to exit with XLA's persistent
+      compilation cache off, cold and warm, and the shipped GGUF's header read by this project's
+      reader and the `gguf` package's (benchmarks/speed/startup.py, its own flags: --engine
+      startup --help). JSON to docs/results/data/serving/startup.json.
 Every JSON also holds "provenance" (command, commit, date, machine). --out overrides the path.
 """
 
@@ -327,6 +332,9 @@ def main(argv=None):
   if engine.engine == "floor":             # its own flags and processes
     from benchmarks.speed import step_floor  # pylint: disable=import-outside-toplevel
     return step_floor.main(rest, __spec__.name, argv)
+  if engine.engine == "startup":           # its own flags, decode.py processes
+    from benchmarks.speed import startup  # pylint: disable=import-outside-toplevel
+    return startup.main(rest, __spec__.name, argv)
   args, mode = parse_args(argv)
   run = {"sampler": run_sampler, "micro_layers": run_micro_layers, "batched": run_batched,
          "verify": run_verified}[mode]

@@ -8,7 +8,7 @@ Q5_0/1, Q8_0, the K-quants, ...) and then cast to the requested dtype: quantized
 exactly as llama.cpp dequantizes them, not as the original full-precision model.
 
 Layout notes:
-* GGUF tensor dims are stored in ggml order (fastest-varying first); `GGUFReader` hands out the
+* GGUF tensor dims are stored in ggml order (fastest-varying first); the reader hands out the
   data as numpy arrays in the reversed (row-major) order, so a linear weight arrives as the torch
   `[out, in]` matrix and the token embedding as `[vocab, D]`.
 * llama.cpp's `convert_hf_to_gguf.py` permutes the rows of `q_proj` / `k_proj` (per head:
@@ -28,6 +28,7 @@ import numpy as np
 
 from hamburger_jax.model.config import LlamaConfig, RopeScaling, dtype_from_name
 from hamburger_jax.convert.errors import CheckpointError
+from hamburger_jax.convert.gguf_index import ByteSwapped, GGUFIndex
 from hamburger_jax.convert.tree_map import KeyMap, load_into_tree
 from hamburger_jax.model.layers import rope_inv_freq
 from hamburger_jax.model.llama import init_llama_params
@@ -59,7 +60,8 @@ def _import_gguf():
 
 
 def open_gguf(path: str | os.PathLike):
-  """A `gguf.GGUFReader` over `path`, with CheckpointError for missing/foreign/truncated files."""
+  """A reader over `path` (`gguf_index.GGUFIndex`: the fields and tensors of a `gguf.GGUFReader`,
+  which still reads byte-swapped files), with CheckpointError for missing/foreign/truncated files."""
   gguf = _import_gguf()
   path = os.fspath(path)
   if not os.path.isfile(path):
@@ -71,11 +73,14 @@ def open_gguf(path: str | os.PathLike):
     raise CheckpointError(f"{path} is not a GGUF file: it starts with {magic!r}, not the magic "
                           f"{GGUF_MAGIC!r}" + (" (the file is empty)." if size == 0 else "."))
   try:
-    reader = gguf.GGUFReader(path, "r")
-  except Exception as e:  # noqa: BLE001 - the reader raises ValueError/IndexError/... on bad data
+    try:
+      reader = GGUFIndex(path)
+    except ByteSwapped:
+      reader = gguf.GGUFReader(path, "r")
+  except Exception as e:  # noqa: BLE001 - the readers raise ValueError/IndexError/... on bad data
     raise CheckpointError(f"{path} is a corrupt or truncated GGUF file ({size} bytes): the header "
                           f"could not be parsed ({type(e).__name__}: {e}).") from e
-  # GGUFReader maps data lazily: a file cut inside the tensor data parses, but its last tensors
+  # Tensor data is mapped lazily: a file cut inside the tensor data parses, but its last tensors
   # are short. Check that every tensor's bytes are present.
   for t in reader.tensors:
     if t.data_offset + t.n_bytes > size or t.data.nbytes != t.n_bytes:

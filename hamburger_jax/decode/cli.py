@@ -19,6 +19,7 @@ import sys
 from typing import Sequence, TextIO
 
 from hamburger_jax.convert import CheckpointError
+from hamburger_jax.decode import persistent_cache
 from hamburger_jax.decode import prompts as prompts_lib
 from hamburger_jax.decode import verify
 from hamburger_jax.decode.checkpoint import (Decodable, check_checkpoint, check_cpu_dots,
@@ -87,6 +88,7 @@ class DecodeArgs:
   mesh: str = ""                    # "data=2,tensor=4": one model over a device mesh ("" = one)
   kv_cache: str = "model"           # what the KV buffers store: the model's dtype or "int8"
   cpu_dots: str = cpu_dots_lib.DEFAULT  # on a CPU: "plain" (YNNPACK dots off) or "ynnpack"
+  compilation_cache: str | None = None  # compiled programs kept here ("" = off; None: default)
 
 
 def check_args(a: DecodeArgs) -> None:
@@ -272,6 +274,7 @@ def _run(a: DecodeArgs, stdout: TextIO, stderr: TextIO, stdin: TextIO) -> int:
     print(a.make_tiny_checkpoint, file=stdout)
     return 0
   check_checkpoint(a.ckpt)
+  persistent_cache.enable(a.compilation_cache)
   lines = read_prompt_lines(a, stdin)
   prompts = encode(lines, None) if a.token_ids else None    # ids are checked before loading
   d = _open(a)
@@ -367,6 +370,9 @@ _HELP = {
     "cpu_dots": "on a CPU, how XLA compiles the decode programs' dots: 'plain' (YNNPACK's dot "
                 "fusions off: a verified forward of a few tokens per row then costs far less "
                 "than with YNNPACK; docs/results/step_costs.md) or 'ynnpack' (XLA's default)",
+    "compilation_cache": "directory where compiled decode programs are kept for later runs "
+                         "(default: $JAX_COMPILATION_CACHE_DIR, else ~/.cache/hamburger_jax/xla; "
+                         "'' = off)",
 }
 
 

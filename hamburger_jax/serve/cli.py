@@ -32,6 +32,7 @@ from hamburger_jax.decode.prompts import UsageError
 from hamburger_jax.decode import verify
 from hamburger_jax.decode.mesh import make_decode_mesh, parse_mesh
 from hamburger_jax.decode.sampler import DecodeInputError
+from hamburger_jax.decode import persistent_cache
 from hamburger_jax.model import cpu_dots
 from hamburger_jax.model.config import HamburgerConfig
 from hamburger_jax.serve import app as app_limits
@@ -123,6 +124,9 @@ class ServeArgs:
   cpu_dots: str = _flag(cpu_dots.DEFAULT, "on a CPU, how XLA compiles the decode programs' "
                                           "dots: 'plain' (YNNPACK's dot fusions off) or "
                                           "'ynnpack' (XLA's default)")
+  compilation_cache: str | None = _flag(
+      None, "directory where compiled decode programs are kept for later runs (default: "
+            "$JAX_COMPILATION_CACHE_DIR, else ~/.cache/hamburger_jax/xla; '' = off)")
   max_body_bytes: int = _flag(app_limits.MAX_BODY_BYTES, "largest request body (413 above it)")
   chars_per_token: int = _flag(
       service_limits.CHARS_PER_TOKEN, "prompts longer than this many characters per KV slot are "
@@ -249,6 +253,7 @@ def mode_router(a: ServeArgs, d, make) -> engines.ModeRouter:
 def build(a: ServeArgs) -> Service:
   """Loads the checkpoint and tokenizer (`open_checkpoint`) and builds the engine(s) and Service."""
   check_args(a)
+  persistent_cache.enable(a.compilation_cache)
   both = a.verify_requests
   d = open_checkpoint(a.ckpt, base_config=a.base_config, tokenizer=a.tokenizer, base=a.base,
                       token_ids=a.token_ids, draft_vocab=a.draft_vocab,

@@ -52,7 +52,7 @@ def _pre_tokenizer(pre: str, source: str):
 
 
 def tokenizer_from_gguf_reader(reader, source: str = "GGUF file") -> tuple[Tokenizer, dict]:
-  """(Tokenizer, info) from an open `gguf.GGUFReader` (see `load_gguf_tokenizer`)."""
+  """(Tokenizer, info) from an open GGUF reader (`convert.gguf.open_gguf`; see `load_gguf_tokenizer`)."""
   kind = gguf_field(reader, "tokenizer.ggml.model", source=source)
   if kind != "gpt2":
     raise CheckpointError(f"{source}: tokenizer.ggml.model = {kind!r}; only 'gpt2' (byte-level "
