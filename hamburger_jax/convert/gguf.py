@@ -4,7 +4,7 @@
     LlamaModel(cfg).apply({"params": params}, tokens)
 
 Every tensor is dequantized to float32 with `gguf.quants.dequantize` (F32, F16, BF16, Q4_0/1,
-Q5_0/1, Q8_0, the K-quants, ...) and then cast to the requested dtype: quantized weights load
+Q5_0/1, Q8_0, the K-quants, ...; Q4_1 and Q8_0 by `gguf_quants`, the same numbers) and then cast to the requested dtype: quantized weights load
 exactly as llama.cpp dequantizes them, not as the original full-precision model.
 
 Layout notes:
@@ -28,6 +28,7 @@ import numpy as np
 
 from hamburger_jax.model.config import LlamaConfig, RopeScaling, dtype_from_name
 from hamburger_jax.convert.errors import CheckpointError
+from hamburger_jax.convert import gguf_quants
 from hamburger_jax.convert.gguf_index import ByteSwapped, GGUFIndex
 from hamburger_jax.convert.tree_map import KeyMap, load_into_tree
 from hamburger_jax.model.layers import rope_inv_freq
@@ -227,7 +228,9 @@ def _dequantize(tensor) -> np.ndarray:
   """float32 numpy array of a ReaderTensor, in numpy (reversed ggml) dim order."""
   gguf = _import_gguf()
   try:
-    arr = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+    arr = gguf_quants.dequantize(tensor.data, tensor.tensor_type)
+    if arr is None:
+      arr = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
   except NotImplementedError as e:
     raise CheckpointError(f"Tensor {tensor.name!r} has type {tensor.tensor_type.name}, which "
                           f"gguf {getattr(gguf, '__version__', '')} cannot dequantize.") from e

@@ -264,6 +264,33 @@ def test_header_reader_reads_smollm2_as_the_gguf_package():
   assert_same_as_gguf_reader(SMOLLM2)
 
 
+@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q8_0])
+def test_whole_tensor_dequantization_gives_the_gguf_packages_numbers(qtype):
+  from hamburger_jax.convert import gguf_quants
+  rng = np.random.default_rng(0)
+  quantized = gguf.quants.quantize(rng.normal(size=(6, 96)).astype(np.float32), qtype)
+  raw = rng.integers(0, 256, size=(5, 3 * gguf.GGML_QUANT_SIZES[qtype][1]), dtype=np.uint8)
+  for data in (quantized, raw, quantized.reshape(2, 3, -1)):   # raw: any scale bits (inf, nan)
+    want = gguf.quants.dequantize(data, qtype)
+    got = gguf_quants.dequantize(data, qtype)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+  assert gguf_quants.dequantize(quantized, Q.Q4_0) is None          # left to the package
+
+
+@requires_smollm2
+def test_whole_tensor_dequantization_reads_smollm2_as_the_gguf_package():
+  from hamburger_jax.convert import gguf_quants
+  from hamburger_jax.convert.gguf_index import GGUFIndex
+  checked = 0
+  for tensor in GGUFIndex(SMOLLM2).tensors:
+    got = gguf_quants.dequantize(tensor.data, tensor.tensor_type)
+    if got is not None:
+      assert got.tobytes() == gguf.quants.dequantize(tensor.data, tensor.tensor_type).tobytes()
+      checked += 1
+  assert checked == 211                                   # 210 Q4_1 tensors and the Q8_0 one
+
+
 def test_a_big_endian_file_is_read_by_the_gguf_package(tmp_path):
   from hamburger_jax.convert.gguf import gguf_field, open_gguf
   path = str(tmp_path / "big.gguf")
