@@ -269,12 +269,12 @@ def _decode(a: DecodeArgs, sampler, base_sampler, knobs, prompts, printer, stdou
 
 def _run(a: DecodeArgs, stdout: TextIO, stderr: TextIO, stdin: TextIO) -> int:
   check_args(a)
+  persistent_cache.enable(a.compilation_cache)
   if a.make_tiny_checkpoint:
     make_tiny_checkpoint(a.make_tiny_checkpoint, a.seed)
     print(a.make_tiny_checkpoint, file=stdout)
     return 0
   check_checkpoint(a.ckpt)
-  persistent_cache.enable(a.compilation_cache)
   lines = read_prompt_lines(a, stdin)
   prompts = encode(lines, None) if a.token_ids else None    # ids are checked before loading
   d = _open(a)
