@@ -123,14 +123,23 @@ def drafting_model(micro_scale: float = 0.3):
   return cfg, jax.tree_util.tree_map_with_path(adjust, params)
 
 
+@functools.lru_cache(maxsize=None)
+def _last_probs(base_cfg):
+  """jit of (base params, tokens [1, T], sampling) -> the processed probs after tokens [1, V]."""
+
+  def probs(params, tokens, sampling):
+    logits = LlamaModel(base_cfg).apply({"params": params}, tokens).logits[:, -1]
+    return acceptance.processed_probs(logits.astype(jnp.float32), sampling)
+
+  return jax.jit(probs)
+
+
 def base_pair_probs(cfg, params, prompt, top_k):
   """Exact P(t1, t2) of sampling the base at temperature 1 with top-k: {(t1, t2): prob}."""
-  model = LlamaModel(cfg.base)
   sampling = SamplingParams(jnp.ones((1,)), jnp.full((1,), top_k), jnp.ones((1,)))
 
   def dist(tokens):
-    logits = model.apply({"params": params["base"]}, jnp.asarray([tokens])).logits[0, -1]
-    return np.asarray(acceptance.processed_probs(logits[None].astype(jnp.float32), sampling)[0])
+    return np.asarray(_last_probs(cfg.base)(params["base"], jnp.asarray([tokens]), sampling)[0])
 
   out = {}
   p1 = dist(prompt)

@@ -128,12 +128,15 @@ def test_sampled_rows_check_looked_up_drafts_and_keep_the_base_distribution():
   sampler = Sampler(cfg, params, cache_length=len(prompt) + 8, out_length=4, verify=True,
                     lookup_drafts=1)
   counts, looked_up, drafted = dict.fromkeys(exact, 0), 0, np.zeros(2, int)
-  # One prefill for every seed (the rows' keys are first used by the loop): each batch decodes
-  # a copy of it with the keys of its seed, as `decode(.., seed=seed)` would.
-  prefilled, rows = sampler.start([prompt] * 1024, max_new_tokens=3, temperature=1.0,
-                                  top_k=top_k, seed=0, confidence=0.3, eos_ids=[])
-  for seed in range(n // 1024):
-    state = jax.tree_util.tree_map(jnp.copy, prefilled).replace(
+  # One prefill of one row (the rows' keys are first used by the loop): each batch decodes 1,024
+  # copies of it with the keys of its seed, as `decode([prompt] * 1024, .., seed=seed)` would
+  # (every per-row leaf of the state leads with the row axis, batch-wide ones are scalars).
+  prefilled, _ = sampler.start([prompt], max_new_tokens=3, temperature=1.0, top_k=top_k, seed=0,
+                               confidence=0.3, eos_ids=[])
+  rows = 1024
+  for seed in range(n // rows):
+    state = jax.tree_util.tree_map(lambda x: jnp.repeat(x, rows, 0) if x.ndim else jnp.copy(x),
+                                   prefilled).replace(
         rng=row_keys(np.full(rows, seed), np.arange(rows)))
     result = DecodeResult.from_state(to_host(sampler.run(state)), rows)
     for t in result.tokens:

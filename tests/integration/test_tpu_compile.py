@@ -73,7 +73,7 @@ def test_a_draft_vocabulary_cuts_the_verified_steps_bytes_on_a_v5e_chip():
   from benchmarks.tpu import step_bytes
   from hamburger_jax.model.config import get_preset
   cfg = get_preset("tiny")
-  base = dataclasses.replace(cfg.base, num_layers=2, vocab_size=16384, dtype="bfloat16",
+  base = dataclasses.replace(cfg.base, num_layers=2, vocab_size=8192, dtype="bfloat16",
                              param_dtype="bfloat16")
   cfg = cfg.replace(base=base, feature_layers=(0, 1), num_micro_layers=1, merger_heads=4)
   device = aot.topology_devices("v5e:2x2", 1)[0]
