@@ -81,7 +81,7 @@ def test_a_draft_vocabulary_cuts_the_verified_steps_bytes_on_a_v5e_chip():
       cfg, device, batch=1, cache_length=256, verify=True, draft_vocab=k,
       inspect=step_bytes.inspector(cfg, "verify", 1, 256, draft_vocab=k)) for k in (0, 256))
   assert full["fits"] and small["fits"], (full, small)
-  # Each of the 3 drafting micro steps reads 256 + REST_SAMPLE rows of the head, not 16,384.
+  # Each of the 3 drafting micro steps reads 256 + REST_SAMPLE rows of the head, not 8,192.
   head = base.vocab_size * base.hidden_size * 2
   assert small["bytes"]["hbm_step"] < full["bytes"]["hbm_step"] - 2 * head, (small, full)
   floors = [r["bytes"]["floor"] for r in (full, small)]
