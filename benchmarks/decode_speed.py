@@ -167,7 +167,7 @@ def _batched_flags(g) -> None:
                  "each running every HAMburger setting: 'shipped' (the asset's draft_vocab.json "
                  "if it has one, else the whole vocabulary), 'full', or draft vocabulary files")
   g.add_argument("--compare_compact", type=int,
-                 help="1: also run HAMburger with micro-step compaction off (batch >= 4)")
+                 help="1: also run HAMburger with micro-step compaction on (batch >= 4)")
   g.add_argument("--code_fences", type=int, help="1: HAMburger's fenced code decodes one token "
                  "per macro step (the server's default); 0: it merges inside code too")
 

@@ -210,7 +210,7 @@ def main(argv=None) -> int:
                  help="continuous engine's micro-step policy ('all': answers equal decoding alone)")
   p.add_argument("--compact_micro_steps", type=int, default=None,
                  help="1 / 0: the continuous engine runs micro steps on the continuing rows only / "
-                      "on every row (default: the server's, on CPU from 8 slots)")
+                      "on every row (default: the server's, off)")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--out_dir", default=results_dir("serving"))
   args = p.parse_args(argv)

@@ -15,9 +15,9 @@ end (prefill + decode wall time, compile excluded by a warm-up pass), static dec
 (the loop alone), tokens per macro step, and quality against the base's greedy answers (token
 agreement, base-model NLL of the answers). Component costs at each batch size: one base forward,
 the heads (LM head + stop head) and one micro step without them. HAMburger runs with the
-engines' default micro-step compaction (on CPU: the micro prefill and micro steps on the
-continuing rows only, gathered into a power-of-two or full row bucket, from 8 rows; the
-`compact` column); --compare_compact 1 adds the same settings with compaction off. Every
+engines' default, micro-step compaction off; --compare_compact 1 adds the same settings with it
+on (the micro prefill and micro steps on the continuing rows only, gathered into a power-of-two
+or full row bucket; the `compact` column). Every
 setting is timed --repeats times, the settings in rotation, and the median wall time is reported.
 """
 
@@ -135,9 +135,8 @@ def settings_of(b, cfg, params, prompts, lengths, args, drafts, fence_ids):
                lambda: run_static(base_s, prompts, b, n)),
               (dict(engine="continuous", model="base", policy=None),
                lambda: run_continuous(base_c, prompts, lengths, 1.0))]
-  compacts = [None] + ([False] if args.compare_compact and b >= 4 else [])
+  compacts = [False] + ([True] if args.compare_compact and b >= 4 else [])
   for compact, draft_ids in itertools.product(compacts, drafts):
-    # compact None: the engines' default (on CPU: compacted from 8 rows)
     ham_s = Sampler(cfg, params, compact_micro_steps=compact, draft_vocab=draft_ids, **kw)
     ham_c = ContinuousBatcher(cfg, params, compact_micro_steps=compact, draft_vocab=draft_ids,
                               **ckw)

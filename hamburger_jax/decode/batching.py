@@ -114,9 +114,9 @@ class ContinuousBatcher:
   cache_length: KV slots per row (prompt + one per macro step); eos_ids: empty = the model
   config's. micro_policy: "all" (each request decodes exactly as alone), "min_rows:K" or
   "fraction:F" (see `state.MicroPolicy`). compact_micro_steps: micro steps run on the rows
-  that continue, gathered into a smaller row bucket (`compaction.micro_buckets`; None: on from
-  `compaction.COMPACT_FROM` slots on CPU). skip_unmerged: a forward with no merged input
-  skips the embedder's merge and the merge adapter (`compaction.skips_unmerged`; None: on CPU).
+  that continue, gathered into a smaller row bucket (`compaction.micro_buckets`; off by
+  default). skip_unmerged: a forward with no merged input skips the embedder's merge and the
+  merge adapter (`compaction.skips_unmerged`; None: on CPU).
   Prefill lengths are padded to power-of-two buckets of at least `min_prompt_bucket`.
   draft_vocab: token ids [K] that drafts choose from (`decode/draft_vocab.py`); None: all.
   verify: verified decoding (`decode/verify.py`): every answer is the base's own.
@@ -134,7 +134,7 @@ class ContinuousBatcher:
   def __init__(self, cfg, params, *, base: bool = False, num_slots: int = 8,
                cache_length: int = 1024, chunk_steps: int = 8, eos_ids=(),
                micro_policy: str = "all", min_prompt_bucket: int = 16,
-               compact_micro_steps: bool | None = None,
+               compact_micro_steps: bool = False,
                skip_unmerged: bool | None = None, draft_vocab=None, verify: bool = False,
                mesh=None, draft_width_rule=None, kv_cache: str = "model",
                verify_steps: int | None = None,

@@ -2,9 +2,10 @@
 
 With compaction, a macro step's continuing rows are gathered into the smallest row bucket that
 holds them (`micro_buckets`), so the micro steps cost what their continuing rows cost, not what
-the batch costs; the results are scattered back (the same numbers per row). Also here: whether a
-forward without merged input skips the merge (`skips_unmerged`). Both are CPU-tuned switches of
-`DecodeEngine` (None: decided by the backend; measurements: docs/results/step_costs.md).
+the batch costs; the results are scattered back (the same numbers per row). Off by default: every
+bucket is a branch the loop compiles, and on a CPU with plain dots the gathers bought no speed
+(docs/results/serving.md). Also here: whether a forward without merged input skips the merge
+(`skips_unmerged`; None: decided by the backend).
 """
 
 from __future__ import annotations
@@ -12,23 +13,15 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-# On CPU, batches from this many rows compact their micro steps by default (engine's None); off
-# elsewhere, where the gathers only add launches.
-COMPACT_FROM = 8
-
 
 def micro_buckets(engine, batch: int) -> tuple[int, ...]:
   """Row counts a micro step may run at, for a batch bucket of `batch` rows.
 
-  With `engine.compact_micro_steps` (batches of 4 rows or more; None: on CPU, from COMPACT_FROM
-  rows) the rows that continue their group are gathered into the smallest bucket that holds
-  them (the powers of two below the batch, and the batch), for the micro prefill and for each
-  micro step.
+  With `engine.compact_micro_steps` (batches of 4 rows or more) the rows that continue their
+  group are gathered into the smallest bucket that holds them (the powers of two below the
+  batch, and the batch), for the micro prefill and for each micro step.
   """
-  compact = engine.compact_micro_steps
-  if compact is None:
-    compact = batch >= COMPACT_FROM and jax.default_backend() == "cpu"
-  if not compact or batch < 4:
+  if not engine.compact_micro_steps or batch < 4:
     return (batch,)
   return tuple(1 << i for i in range(batch.bit_length()) if 1 << i < batch) + (batch,)
 

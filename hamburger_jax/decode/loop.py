@@ -41,9 +41,8 @@ class DecodeEngine:
   model: DecodeModel
   cache_length: int   # L: KV slots per row
   out_length: int     # N: output tokens per row
-  # Micro prefill and micro steps run on the continuing rows only (`compaction.micro_buckets`);
-  # None: on CPU at batches of COMPACT_FROM rows or more.
-  compact_micro_steps: bool | None = None
+  # Micro prefill and micro steps run on the continuing rows only (`compaction.micro_buckets`).
+  compact_micro_steps: bool = False
   # A forward with no merged input skips the embedder's merge and the merge adapter
   # (`compaction.skips_unmerged`); None: on CPU.
   skip_unmerged: bool | None = None

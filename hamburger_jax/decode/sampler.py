@@ -50,7 +50,7 @@ class Sampler:
   are kept per sampler. The loop donates its state (KV buffers updated in place, not copied).
   compact_micro_steps: the micro prefill and micro steps run on the rows that continue their
   group, gathered into a smaller row bucket (`compaction.micro_buckets`; the same numbers per
-  row). None (default): on CPU, on for batches of `compaction.COMPACT_FROM` (8) rows or more.
+  row; off by default).
   skip_unmerged: a forward with no merged input skips the embedder's merge and the merge
   adapter (the same numbers; `compaction.skips_unmerged`, None: on CPU).
   draft_vocab: token ids [K] that drafts choose from (`decode/draft_vocab.py`); None: all.
@@ -87,7 +87,7 @@ class Sampler:
   def __init__(self, cfg, params, *, base: bool = False, cache_length: int = 1024,
                out_length: int | None = None, eos_ids: Sequence[int] | None = None,
                min_prompt_bucket: int = 16, donate: bool = True,
-               compact_micro_steps: bool | None = None,
+               compact_micro_steps: bool = False,
                skip_unmerged: bool | None = None, draft_vocab=None, verify: bool = False,
                mesh=None, quantize: str | None = None, draft_width_rule=None,
                kv_cache: str = "model", verify_steps: int | None = None,

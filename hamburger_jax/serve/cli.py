@@ -72,9 +72,8 @@ class ServeArgs:
   cache_length: int = _flag(1024, "KV slots per request (bounds the prompt length)")
   chunk_steps: int = _flag(8, "macro steps between two event deliveries")
   micro_policy: str = _flag("all", "continuous engine's micro-step policy")
-  compact_micro_steps: bool | None = _flag(
-      None, "micro steps run on the rows that continue only (continuous engine; same answers; "
-            "default: on from 8 slots on CPU)")
+  compact_micro_steps: bool = _flag(
+      False, "micro steps run on the rows that continue only (continuous engine; same answers)")
   min_prompt_bucket: int = _flag(16, "smallest prefill length bucket")
   host: str = _flag("127.0.0.1", "address to listen on (127.0.0.1: this machine only)")
   port: int = _flag(8000, "port to listen on")

@@ -49,7 +49,7 @@ class SerialEngine:
   def __init__(self, cfg, params, *, base: bool = False, num_slots: int = 1,
                cache_length: int = 1024, chunk_steps: int = 8, eos_ids=(),
                micro_policy: str = "all", min_prompt_bucket: int = 16,
-               compact_micro_steps: bool | None = None, draft_vocab=None, verify: bool = False,
+               compact_micro_steps: bool = False, draft_vocab=None, verify: bool = False,
                mesh=None, kv_cache: str = "model", verify_steps: int | None = None,
                draft_branches: int = 1, lookup_drafts: int | None = None,
                draft_width_rule=None, draft_width_costs=None, cpu_dots: str = cpu_dots_lib.DEFAULT):

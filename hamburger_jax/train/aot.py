@@ -141,9 +141,9 @@ def _on(device, tree):
 
 
 def tpu_decode_engine(model, cache_length: int, **kwargs):
-  """The decode engine as a TPU runs it. Micro-step compaction and skipping unmerged work default
-  to the backend that traces them (`decode/compaction.py`: on for a CPU), and a plan is traced on
-  this CPU host, so both are set to a TPU's choice: off."""
+  """The decode engine as a TPU runs it. Skipping unmerged work defaults to the backend that
+  traces it (`decode/compaction.py`: on for a CPU), and a plan is traced on this CPU host, so it
+  is set to a TPU's choice, off, as is micro-step compaction."""
   from hamburger_jax.decode import loop as lp
   return lp.DecodeEngine(model, cache_length, cache_length, compact_micro_steps=False,
                          skip_unmerged=False, **kwargs)

@@ -229,13 +229,12 @@ def test_the_loop_updates_its_state_in_place():
 
 
 def test_tpu_plans_trace_the_engine_a_tpu_runs():
-  """A TPU plan is traced on this CPU: it must not take the CPU's defaults (micro steps compacted
-  into row buckets at 8 rows, unmerged work skipped by a branch), which a TPU never runs and
-  which XLA TPU compiled into whole-kernel converts (1B int8:32z HAMburger step at batch 8)."""
+  """A TPU plan is traced on this CPU: it must not take the CPU's default (unmerged work skipped
+  by a branch) nor compact micro steps into row buckets, which a TPU never runs and which XLA
+  TPU compiled into whole-kernel converts (1B int8:32z HAMburger step at batch 8)."""
   from hamburger_jax.train import aot
   model = small_sampler(0).engine.model
   on_this_cpu = loop_lib.DecodeEngine(model, CACHE_LENGTH, CACHE_LENGTH)
-  assert compaction.micro_buckets(on_this_cpu, 8) == (1, 2, 4, 8)
   assert compaction.skips_unmerged(on_this_cpu)
   planned = aot.tpu_decode_engine(model, CACHE_LENGTH, verify=False)
   assert compaction.micro_buckets(planned, 8) == (8,)
@@ -250,8 +249,9 @@ def test_compacted_micro_steps_give_each_row_the_same_numbers():
   full = small_sampler(0, compact_micro_steps=False)
   assert compaction.micro_buckets(compact.engine, 8) == (1, 2, 4, 8)
   assert compaction.micro_buckets(full.engine, 8) == (8,)
-  default = small_sampler(0).engine                  # None: compacted from COMPACT_FROM rows
-  assert compaction.micro_buckets(default, compaction.COMPACT_FROM) == (1, 2, 4, 8)
+  default = small_sampler(0).engine                  # off by default: one bucket, the batch
+  assert compaction.micro_buckets(default, 8) == (8,)
+  assert compaction.micro_buckets(default, 32) == (32,)
   assert compaction.micro_buckets(default, 4) == (4,)
   assert compaction.micro_buckets(compact.engine, 32) == (1, 2, 4, 8, 16, 32)
   assert compaction.micro_buckets(compact.engine, 24) == (1, 2, 4, 8, 16, 24)
