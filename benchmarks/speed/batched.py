@@ -17,8 +17,8 @@ agreement, base-model NLL of the answers). Component costs at each batch size: o
 the heads (LM head + stop head) and one micro step without them. HAMburger runs with the
 engines' default, micro-step compaction off; --compare_compact 1 adds the same settings with it
 on (the micro prefill and micro steps on the continuing rows only, gathered into a power-of-two
-or full row bucket; the `compact` column). Every
-setting is timed --repeats times, the settings in rotation, and the median wall time is reported.
+or full row bucket; the `compact` column). Every setting is timed --repeats times, the settings
+in rotation, and the median wall time is reported.
 """
 
 from __future__ import annotations
