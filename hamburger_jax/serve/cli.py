@@ -91,7 +91,10 @@ class ServeArgs:
   min_token_prob: float | None = _flag(None, "min_token_prob of requests that give none (default: "
                                              "the checkpoint's recommended value, else 0)")
   shutdown_timeout: float = _flag(30.0, "seconds running requests get after SIGTERM")
-  warmup: bool = _flag(True, "compile with one short request before listening")
+  warmup: bool = _flag(True, "compile before listening: the decode steps, and the prefill of "
+                             "every prompt length up to --warmup_prompt_tokens")
+  warmup_prompt_tokens: int = _flag(128, "prompts up to this many tokens (a chat turn with the "
+                                         "system message) compile nothing when they arrive")
   log_level: str = _flag("info", "uvicorn log level")
   verify: bool = _flag(False, "verified decoding: the base checks the micro decoder's drafts, so "
                               "every answer is the base model's own (greedy: token for token)")
@@ -147,7 +150,7 @@ def check_args(a: ServeArgs) -> None:
     raise UsageError(f"--engine must be one of {engines.ENGINES}, got {a.engine!r}.")
   positive = ("num_slots", "cache_length", "chunk_steps", "min_prompt_bucket", "max_queue",
               "default_max_tokens", "max_body_bytes", "chars_per_token", "max_tokenize_chars",
-              "max_header_bytes")
+              "max_header_bytes", "warmup_prompt_tokens")
   for name in positive:
     if getattr(a, name) < 1:
       raise UsageError(f"--{name} must be >= 1, got {getattr(a, name)}.")
@@ -218,11 +221,27 @@ def service_for(engine, cfg, tokenizer, a: ServeArgs, fence_ids: tuple[int, ...]
                  if fence_ids is None else fence_ids)
 
 
-def warm_up(engine) -> None:
-  """Compiles the engine's steps with one short request (before the worker thread exists)."""
-  engine.submit(engines.Request(prompt_ids=[0], max_new_tokens=2))
-  while engine.has_work():
-    engine.step()
+def warm_up_lengths(min_bucket: int, up_to: int, max_prompt_len: int) -> list[int]:
+  """Prompt lengths, one per prefill bucket (powers of two from `min_bucket`) that holds a
+  prompt of up to `up_to` tokens, each leaving room for 2 new tokens in the KV buffer."""
+  lengths, bucket = [], min_bucket
+  while True:
+    n = min(bucket + 1, max_prompt_len - 2)          # a prompt's prefill is all but its last token
+    if n < 1 or (lengths and n <= lengths[-1]):
+      return lengths
+    lengths.append(n)
+    if bucket >= up_to:
+      return lengths
+    bucket *= 2
+
+
+def warm_up(engine, a: ServeArgs) -> None:
+  """Compiles the engine's steps and every prefill bucket of prompts up to
+  a.warmup_prompt_tokens, one request each, before the worker thread exists."""
+  for n in warm_up_lengths(a.min_prompt_bucket, a.warmup_prompt_tokens, engine.max_prompt_len):
+    engine.submit(engines.Request(prompt_ids=[0] * n, max_new_tokens=2))
+    while engine.has_work():
+      engine.step()
 
 
 def mode_router(a: ServeArgs, d, make) -> engines.ModeRouter:
@@ -245,7 +264,7 @@ def mode_router(a: ServeArgs, d, make) -> engines.ModeRouter:
                   draft_width_costs="measure" if a.width_rule else None)
   if a.warmup:
     for engine in (merged, verified):
-      warm_up(engine)
+      warm_up(engine, a)
   return engines.ModeRouter(merged, verified, default=a.verify)
 
 
@@ -275,7 +294,7 @@ def build(a: ServeArgs) -> Service:
                   draft_width_rule=width_rule(a.width_rule, d.draft_width_rule, a.draft_branches),
                   draft_width_costs="measure" if a.width_rule else None)
     if a.warmup:
-      warm_up(engine)
+      warm_up(engine, a)
   return service_for(engine, d.config, d.tokenizer, dataclasses.replace(a, system=d.system),
                      d.fence_ids, d.knob_defaults)
 
