@@ -29,20 +29,50 @@ def test_llama3_1b_recipe_train_step_fits_v5e_2x4():
   assert 1.0 < report["matmul_flops"] * 8 / model_flops(config) <= 1.4, report
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("verify", [False, True])
-def test_decode_loop_compiles_for_one_v5e_chip(verify):
+def _draft_vocab_config():
+  """2 layers of the tiny preset with an 8,192-token vocabulary, bf16."""
   from hamburger_jax.model.config import get_preset
   cfg = get_preset("tiny")
-  base = dataclasses.replace(cfg.base, num_layers=4, dtype="bfloat16", param_dtype="bfloat16")
-  cfg = cfg.replace(base=base, feature_layers=(0, 1, 2), num_micro_layers=1, merger_heads=4)
+  base = dataclasses.replace(cfg.base, num_layers=2, vocab_size=8192, dtype="bfloat16",
+                             param_dtype="bfloat16")
+  return cfg.replace(base=base, feature_layers=(0, 1), num_micro_layers=1, merger_heads=4)
+
+
+@pytest.fixture(scope="module")
+def verified_loops():
+  """{K: the verified decode loop's report on one v5e chip, drafts from K ids (0: all)}, batch 1,
+  256 slots, with the step's byte attribution (compiled once for the tests of this file)."""
+  from benchmarks.tpu import step_bytes
+  cfg = _draft_vocab_config()
   device = aot.topology_devices("v5e:2x2", 1)[0]
-  report = aot.compile_decode_loop(cfg, device, batch=8, cache_length=256, verify=verify)
+  return {k: aot.compile_decode_loop(cfg, device, batch=1, cache_length=256, verify=True,
+                                     draft_vocab=k,
+                                     inspect=step_bytes.inspector(cfg, "verify", 1, 256,
+                                                                  draft_vocab=k))
+          for k in (0, 256)}
+
+
+def _check_loop_report(report):
   assert report["fits"], report
   # The KV cache and the params are the loop's arguments (donated: aliased to its outputs).
   assert report["argument_gib"] >= report["kv_cache_gib"] + report["param_gib"], report
   assert report["alias_gib"] >= report["kv_cache_gib"], report
   assert report["bytes_accessed"] > 0
+
+
+@pytest.mark.slow
+def test_merged_decode_loop_compiles_for_one_v5e_chip():
+  from hamburger_jax.model.config import get_preset
+  cfg = get_preset("tiny")
+  base = dataclasses.replace(cfg.base, num_layers=4, dtype="bfloat16", param_dtype="bfloat16")
+  cfg = cfg.replace(base=base, feature_layers=(0, 1, 2), num_micro_layers=1, merger_heads=4)
+  device = aot.topology_devices("v5e:2x2", 1)[0]
+  _check_loop_report(aot.compile_decode_loop(cfg, device, batch=8, cache_length=256))
+
+
+@pytest.mark.slow
+def test_verified_decode_loop_compiles_for_one_v5e_chip(verified_loops):
+  _check_loop_report(verified_loops[0])
 
 
 def test_matmul_flops_weight_loop_bodies_by_trip_count():
@@ -69,19 +99,11 @@ def test_matmul_flops_weight_loop_bodies_by_trip_count():
 
 
 @pytest.mark.slow
-def test_a_draft_vocabulary_cuts_the_verified_steps_bytes_on_a_v5e_chip():
-  from benchmarks.tpu import step_bytes
-  from hamburger_jax.model.config import get_preset
-  cfg = get_preset("tiny")
-  base = dataclasses.replace(cfg.base, num_layers=2, vocab_size=8192, dtype="bfloat16",
-                             param_dtype="bfloat16")
-  cfg = cfg.replace(base=base, feature_layers=(0, 1), num_micro_layers=1, merger_heads=4)
-  device = aot.topology_devices("v5e:2x2", 1)[0]
-  full, small = (aot.compile_decode_loop(
-      cfg, device, batch=1, cache_length=256, verify=True, draft_vocab=k,
-      inspect=step_bytes.inspector(cfg, "verify", 1, 256, draft_vocab=k)) for k in (0, 256))
+def test_a_draft_vocabulary_cuts_the_verified_steps_bytes_on_a_v5e_chip(verified_loops):
+  full, small = verified_loops[0], verified_loops[256]
   assert full["fits"] and small["fits"], (full, small)
   # Each of the 3 drafting micro steps reads 256 + REST_SAMPLE rows of the head, not 8,192.
+  base = _draft_vocab_config().base
   head = base.vocab_size * base.hidden_size * 2
   assert small["bytes"]["hbm_step"] < full["bytes"]["hbm_step"] - 2 * head, (small, full)
   floors = [r["bytes"]["floor"] for r in (full, small)]
