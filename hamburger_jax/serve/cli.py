@@ -19,6 +19,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from typing import Sequence
 
 from hamburger_jax.convert import CheckpointError
@@ -43,6 +44,8 @@ from hamburger_jax.serve.protocol import Limits, Modes
 from hamburger_jax.serve.service import Service
 from hamburger_jax.serve.worker import EngineWorker
 from hamburger_jax.text.tokenizer import TokenizerError
+
+_log = logging.getLogger(__name__)
 
 
 def _flag(default, help_text: str):
@@ -235,13 +238,20 @@ def warm_up_lengths(min_bucket: int, up_to: int, max_prompt_len: int) -> list[in
     bucket *= 2
 
 
-def warm_up(engine, a: ServeArgs) -> None:
+def warm_up(engine, a: ServeArgs, what: str = "decoding") -> None:
   """Compiles the engine's steps and every prefill bucket of prompts up to
   a.warmup_prompt_tokens, one request each, before the worker thread exists."""
-  for n in warm_up_lengths(a.min_prompt_bucket, a.warmup_prompt_tokens, engine.max_prompt_len):
+  start = time.perf_counter()
+  lengths = warm_up_lengths(a.min_prompt_bucket, a.warmup_prompt_tokens, engine.max_prompt_len)
+  if not lengths:                                    # a KV buffer too short for any prompt
+    return
+  _log.info("Compiling %s: its steps and the prefill of prompts up to %d tokens (--warmup_"
+            "prompt_tokens)...", what, lengths[-1])
+  for n in lengths:
     engine.submit(engines.Request(prompt_ids=[0] * n, max_new_tokens=2))
     while engine.has_work():
       engine.step()
+  _log.info("Compiled %s in %.1f s.", what, time.perf_counter() - start)
 
 
 def mode_router(a: ServeArgs, d, make) -> engines.ModeRouter:
@@ -263,8 +273,8 @@ def mode_router(a: ServeArgs, d, make) -> engines.ModeRouter:
                       checkpoint_dir(a.ckpt)), a.draft_branches),
                   draft_width_costs="measure" if a.width_rule else None)
   if a.warmup:
-    for engine in (merged, verified):
-      warm_up(engine, a)
+    warm_up(merged, a, "merged decoding")
+    warm_up(verified, a, "verified decoding")
   return engines.ModeRouter(merged, verified, default=a.verify)
 
 
@@ -273,10 +283,12 @@ def build(a: ServeArgs) -> Service:
   check_args(a)
   persistent_cache.enable(a.compilation_cache)
   both = a.verify_requests
+  start = time.perf_counter()
   d = open_checkpoint(a.ckpt, base_config=a.base_config, tokenizer=a.tokenizer, base=a.base,
                       token_ids=a.token_ids, draft_vocab=a.draft_vocab,
                       code_fences=a.code_fences, system=a.system,
                       quantize=None if both else a.quantize, verify=a.verify and not both)
+  _log.info("Loaded %s in %.1f s.", a.ckpt, time.perf_counter() - start)
   make = functools.partial(
       engines.make_engine, a.engine, d.config, base=d.base_only, num_slots=a.num_slots,
       cache_length=a.cache_length, chunk_steps=a.chunk_steps,
@@ -294,7 +306,7 @@ def build(a: ServeArgs) -> Service:
                   draft_width_rule=width_rule(a.width_rule, d.draft_width_rule, a.draft_branches),
                   draft_width_costs="measure" if a.width_rule else None)
     if a.warmup:
-      warm_up(engine, a)
+      warm_up(engine, a, "verified decoding" if a.verify else "decoding")
   return service_for(engine, d.config, d.tokenizer, dataclasses.replace(a, system=d.system),
                      d.fence_ids, d.knob_defaults)
 

@@ -3,6 +3,8 @@ chat and completion requests of those lengths trace and compile nothing; a longe
 
 from __future__ import annotations
 
+import logging
+
 import httpx2
 import pytest
 
@@ -16,12 +18,15 @@ SYSTEM = "you are a cat sat on the mat one two three red blue"
 
 
 @pytest.mark.parametrize("engine", ["serial", "continuous"])
-def test_requests_up_to_the_warm_up_length_compile_nothing(tmp_path, engine):
+def test_requests_up_to_the_warm_up_length_compile_nothing(tmp_path, caplog, engine):
   ckpt = make_tiny_checkpoint(str(tmp_path / "tiny"), num_layers=2)
   write_word_tokenizer(ckpt, 256)
   a = cli.ServeArgs(ckpt=ckpt, model_id=MODEL, engine=engine, cache_length=256, num_slots=2,
                     chunk_steps=4, system=SYSTEM, warmup_prompt_tokens=100)
-  service = cli.build(a)
+  with caplog.at_level(logging.INFO, logger=cli.__name__):
+    service = cli.build(a)
+  assert "prefill of prompts up to 129 tokens" in caplog.text
+  assert "Compiled decoding in" in caplog.text
   chat = [{"role": "user", "content": "hello world"}]
   assert len(service.encode_chat(chat)) - 1 > a.min_prompt_bucket   # past a 1-token prompt's
   traces = dict(TRACE_COUNTS)
@@ -47,6 +52,7 @@ def test_requests_up_to_the_warm_up_length_compile_nothing(tmp_path, engine):
     (16, 1, 1024, [17]),
     (16, 128, 64, [17, 33, 62]),
     (16, 128, 16, [14]),
+    (16, 128, 2, []),
     (8, 20, 1024, [9, 17, 33]),
 ])
 def test_warm_up_lengths_fill_each_bucket_once(min_bucket, up_to, max_len, want):
