@@ -110,7 +110,7 @@ def summarize(results, wall_s: float, references) -> dict:
 
 # --- the benchmark: serve.py subprocesses -----------------------------------------------------------
 
-def _free_port() -> int:
+def free_port() -> int:
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     return s.getsockname()[1]
@@ -146,7 +146,7 @@ def wait_healthy(proc, url: str, seconds: float = 900) -> None:
 
 def bench_engine(args, engine: str, workload, references) -> dict:
   """One engine: start serve.py, warm up, run the load, stop it with SIGTERM."""
-  port = _free_port()
+  port = free_port()
   url = f"http://127.0.0.1:{port}"
   proc = _start_server(args, engine, port)
   try:

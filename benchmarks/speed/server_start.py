@@ -5,8 +5,8 @@ latency, per --warmup_prompt_tokens setting, with XLA's persistent compilation c
     python -m benchmarks.speed.server_start --settings 1,128 --repeats 2
 
 Each run is a fresh `serve.py` process on 127.0.0.1; the chat requests (greedy, 32 tokens at
-most) go one after another, in the order of --messages, so each shows whether its prompt's prefill
-bucket was compiled by the warm-up or by the request. Writes serving/server_start.json unless
+most) go one after another, in the order of MESSAGES, so each shows whether its prompt's
+prefill bucket was compiled by the warm-up or by the request. Writes serving/server_start.json unless
 --out says otherwise.
 """
 
@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -23,6 +22,8 @@ import time
 import urllib.request
 
 from benchmarks.common import REPO, markdown_table, positive_ints, results_dir, write_json
+from benchmarks.serve_load import free_port, wait_healthy
+from hamburger_jax.serve.cli import default_model_id
 
 MESSAGES = ("Hi", "What is the capital of France?",
             "Write a short poem about the sea, with four lines that rhyme, and explain its meter. "
@@ -35,17 +36,22 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--settings", type=positive_ints, default=[1, 128],
                       help="--warmup_prompt_tokens values, each its own server (1: a one-token "
                            "warm-up, the smallest prefill bucket only)")
-  parser.add_argument("--repeats", type=int, default=1, help="servers per setting, in rotation")
-  parser.add_argument("--max_tokens", type=int, default=32)
+  parser.add_argument("--repeats", type=_positive_int, default=1,
+                      help="servers per setting, in rotation")
+  parser.add_argument("--max_tokens", type=_positive_int, default=32)
   parser.add_argument("--out", default=os.path.join(results_dir("serving"), "server_start.json"),
                       help="the JSON's path ('' = print only)")
   return parser
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
+def _positive_int(text: str) -> int:
+  try:
+    value = int(text)
+  except ValueError:
+    value = 0
+  if value < 1:
+    raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+  return value
 
 
 def _post(url: str, body: dict) -> dict:
@@ -57,29 +63,22 @@ def _post(url: str, body: dict) -> dict:
 
 def run_server(ckpt: str, warmup_prompt_tokens: int, max_tokens: int) -> dict:
   """One serve.py process: seconds to /health, then each message's tokens and seconds."""
-  port = _free_port()
+  port = free_port()
   url = f"http://127.0.0.1:{port}"
   start = time.perf_counter()
   server = subprocess.Popen(
       [sys.executable, os.path.join(REPO, "serve.py"), "--ckpt", ckpt, "--port", str(port),
        "--compilation_cache", "", "--warmup_prompt_tokens", str(warmup_prompt_tokens),
-       "--log_level", "warning"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+       "--log_level", "warning"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+      text=True)
   try:
-    while True:
-      if server.poll() is not None:
-        raise SystemExit(f"serve.py exited with {server.returncode}:\n"
-                         f"{server.stderr.read().decode()[-2000:]}")
-      try:
-        urllib.request.urlopen(url + "/health", timeout=2).close()
-        break
-      except OSError:
-        time.sleep(0.25)
+    wait_healthy(server, url)
     health_s = time.perf_counter() - start
     requests = []
     for message in MESSAGES:
       t = time.perf_counter()
       out = _post(url + "/v1/chat/completions", {
-          "model": "hamburger-" + os.path.basename(os.path.normpath(ckpt)), "temperature": 0,
+          "model": default_model_id(ckpt), "temperature": 0,
           "max_tokens": max_tokens, "messages": [{"role": "user", "content": message}]})
       requests.append({"prompt_tokens": out["usage"]["prompt_tokens"],
                        "completion_tokens": out["usage"]["completion_tokens"],
