@@ -10,6 +10,7 @@ from hamburger_jax.decode.sampler import Sampler
 from hamburger_jax.model import int8_table
 from hamburger_jax.model import quantize as q
 from hamburger_jax.model.llama import LlamaModel
+from tests import compiled
 from tests.decode.helpers import small_model
 
 PROMPTS = [np.random.default_rng(i).integers(0, 256, 5).tolist() for i in range(3)]
@@ -35,11 +36,11 @@ def test_tables_in_blocks_embed_head_decode_and_shard_as_the_flat_ones():
     assert q.weight_bytes(blocked) == q.weight_bytes(flat)
     tokens = jnp.asarray([PROMPTS[0] + PROMPTS[1]])
     llama = LlamaModel(cfg.base)
-    logits = [llama.apply({"params": p["base"]}, tokens).logits for p in (flat, blocked)]
+    logits = [compiled.apply(llama, {"params": p["base"]}, tokens).logits for p in (flat, blocked)]
     np.testing.assert_allclose(np.asarray(logits[1]), np.asarray(logits[0]), rtol=1e-6, atol=1e-6)
     hidden = jnp.asarray(np.random.default_rng(1).normal(size=(3, cfg.base.hidden_size)),
                          jnp.float32)
-    heads = [llama.apply({"params": p["base"]}, hidden, decoding=True, method="logits")
+    heads = [compiled.apply(llama, {"params": p["base"]}, hidden, decoding=True, method="logits")
              for p in (flat, blocked)]
     np.testing.assert_allclose(np.asarray(heads[1]), np.asarray(heads[0]), rtol=1e-6, atol=1e-6)
     rows = jnp.asarray([1, 7, 200])

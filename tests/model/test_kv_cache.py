@@ -11,6 +11,7 @@ from hamburger_jax.model import kv_cache
 from hamburger_jax.model.kv_attention import cached_attention
 from hamburger_jax.model.llama import LlamaModel
 from hamburger_jax.testing.fixtures import random_params, tiny_config
+from tests import compiled
 
 B, L, K, G, H = 3, 37, 2, 3, 8
 
@@ -92,13 +93,14 @@ def test_cached_forward_with_int8_buffers_stays_close_to_the_model_dtype():
 
   def run(kv_dtype):
     cache = kv_cache.init_cache(cfg, cfg.num_layers, 2, 16, kv_dtype)
-    out = model.apply({"params": params}, tokens[:, :8], cache=cache,
-                      cache_slots=jnp.zeros((2,), jnp.int32))
+    out = compiled.apply(model, {"params": params}, tokens[:, :8], cache=cache,
+                         cache_slots=jnp.zeros((2,), jnp.int32))
     logits = [out.logits]
     cache = out.cache
     for t in range(8, 12):
-      step = model.apply({"params": params}, tokens[:, t:t + 1], positions=jnp.full((2, 1), t),
-                         cache=cache, cache_slots=jnp.full((2,), t, jnp.int32))
+      step = compiled.apply(model, {"params": params}, tokens[:, t:t + 1],
+                            positions=jnp.full((2, 1), t), cache=cache,
+                            cache_slots=jnp.full((2,), t, jnp.int32))
       logits.append(step.logits)
       cache = step.cache
     return jnp.concatenate(logits, axis=1), cache

@@ -16,6 +16,7 @@ from hamburger_jax.model.batch import make_batch
 from hamburger_jax.model.hamburger import HamburgerModel, init_params
 from hamburger_jax.testing.fixtures import random_params
 from hamburger_jax.train import checkpoints, optim
+from tests import compiled
 from tests.decode.helpers import check_against_teacher_forcing, small_model
 
 RANK = 8
@@ -112,7 +113,8 @@ def test_adapter_is_trained_and_gets_gradients():
   batch = make_batch([([1, 2, 3], list(range(5, 15)), [2, 3, 1, 4])], cfg.max_steps, 16)
 
   def loss(adapter):
-    out = HamburgerModel(cfg).apply({"params": dict(params, merge_adapter=adapter)}, batch)
+    out = compiled.apply(HamburgerModel(cfg), {"params": dict(params, merge_adapter=adapter)},
+                         batch)
     return jnp.mean(out.logits ** 2)
 
   grads = jax.grad(loss)(params["merge_adapter"])

@@ -12,6 +12,7 @@ from hamburger_jax.model.kv_cache import init_cache
 from hamburger_jax.model.batch import make_batch
 from hamburger_jax.model.config import get_preset
 from hamburger_jax.model.hamburger import HamburgerModel, init_params, param_count
+from tests import compiled
 
 CFG = get_preset("tiny")
 MODEL = HamburgerModel(CFG)
@@ -25,7 +26,7 @@ def tiny_params():
 
 
 def apply(method, *args, **kw):
-  return MODEL.apply({"params": tiny_params()}, *args, method=method, **kw)
+  return compiled.apply(MODEL, {"params": tiny_params()}, *args, method=method, **kw)
 
 
 def random_params_nonzero_bias():
@@ -51,14 +52,14 @@ def test_padding_beyond_group_length_changes_nothing():
     a = rng.randint(3, V, (S,))
     b = a.copy()
     b[length:] = rng.randint(3, V, (S - length,))
-    out = MODEL.apply({"params": params}, jnp.stack([a, b]), jnp.array([length, length]),
-                      method=HamburgerModel.embed_groups)
+    out = compiled.apply(MODEL, {"params": params}, jnp.stack([a, b]), jnp.array([length, length]),
+                         method=HamburgerModel.embed_groups)
     np.testing.assert_allclose(out[0], out[1], atol=1e-6)
     # ...while the tokens inside the group do matter.
     c = a.copy()
     c[0] = (c[0] + 1) % V
-    out_c = MODEL.apply({"params": params}, jnp.array(c)[None], jnp.array([length]),
-                        method=HamburgerModel.embed_groups)
+    out_c = compiled.apply(MODEL, {"params": params}, jnp.array(c)[None], jnp.array([length]),
+                           method=HamburgerModel.embed_groups)
     assert np.abs(np.asarray(out_c[0] - out[0])).max() > 1e-4
 
 
@@ -78,7 +79,7 @@ def test_packed_rows_equal_one_example_per_row():
   packed = make_batch(examples, S, seq_len=64)
   single = make_batch(examples, S, seq_len=64, pack=False)
   assert packed["group_tokens"].shape[0] < len(examples)   # really packed
-  run = lambda b: MODEL.apply({"params": params}, jax.tree_util.tree_map(jnp.asarray, b))
+  run = lambda b: compiled.apply(MODEL, {"params": params}, jax.tree_util.tree_map(jnp.asarray, b))
   out_p, out_s = run(packed), run(single)
   pick = lambda b, x: np.asarray(x)[np.arange(S) < b["target_lengths"][..., None]]
   np.testing.assert_allclose(pick(packed, out_p.logits), pick(single, out_s.logits), atol=2e-5)
@@ -108,14 +109,17 @@ def test_cached_base_forward_equals_full_forward():
   np.testing.assert_allclose(np.concatenate(feats, 1), full.features, atol=1e-5)
 
 
+def _teacher_forced(model, feats, embeddings):
+  return model.micro_decoder.teacher_forced(feats, embeddings)
+
+
 @pytest.mark.slow
 def test_micro_step_mode_equals_teacher_forced():
   rng = np.random.RandomState(4)
   feats = jnp.asarray(rng.randn(3, CFG.num_features, CFG.base.hidden_size).astype(np.float32))
   tokens = rng.randint(3, V, (3, S))
   emb = tiny_params()["base"]["embed_tokens"]["embedding"][tokens[:, :S - 1]]
-  tf = MODEL.apply({"params": tiny_params()}, feats, emb,
-                   method=lambda m, f, e: m.micro_decoder.teacher_forced(f, e))
+  tf = compiled.apply(MODEL, {"params": tiny_params()}, feats, emb, method=_teacher_forced)
   cache = apply(HamburgerModel.micro_prefill, feats)
   outs = [feats[:, -1]]
   for j in range(1, S):
@@ -144,8 +148,9 @@ def test_llama3_1b_preset_parameter_count():
 def test_bf16_compute():
   cfg = CFG.replace(base=dataclasses.replace(CFG.base, dtype="bfloat16"))
   batch = make_batch(_examples(np.random.RandomState(5), 2), S, seq_len=32)
-  out = HamburgerModel(cfg).apply({"params": tiny_params()}, jax.tree_util.tree_map(jnp.asarray, batch))
-  ref = MODEL.apply({"params": tiny_params()}, jax.tree_util.tree_map(jnp.asarray, batch))
+  batch = jax.tree_util.tree_map(jnp.asarray, batch)
+  out = compiled.apply(HamburgerModel(cfg), {"params": tiny_params()}, batch)
+  ref = compiled.apply(MODEL, {"params": tiny_params()}, batch)
   assert out.micro_outputs.dtype == jnp.bfloat16 and out.logits.dtype == jnp.float32
   keep = np.arange(S) < batch["target_lengths"][..., None]
   err = np.abs(np.asarray(out.logits)[keep] - np.asarray(ref.logits)[keep]).max()
@@ -170,8 +175,8 @@ def test_gathered_targets_give_the_same_loss():
   examples = _examples(np.random.RandomState(6), 4)
   batch = jax.tree_util.tree_map(jnp.asarray, make_batch(examples, S, seq_len=40))
   most = int((batch["target_lengths"] > 0).sum(1).max())
-  full = MODEL.apply({"params": tiny_params()}, batch)
-  part = MODEL.apply({"params": tiny_params()}, batch, max_targets=most)
+  full = compiled.apply(MODEL, {"params": tiny_params()}, batch)
+  part = compiled.apply(MODEL, {"params": tiny_params()}, batch, max_targets=most)
   assert part.logits.shape[1] == most < full.logits.shape[1]
   loss = lambda o: hamburger_loss(o.logits, o.stop_logits, o.target_tokens, o.target_lengths)
   (l_full, m_full), (l_part, m_part) = loss(full), loss(part)

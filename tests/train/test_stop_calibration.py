@@ -9,6 +9,7 @@ from hamburger_jax.model.batch import make_batch
 from hamburger_jax.model.hamburger import HamburgerModel
 from hamburger_jax.testing.fixtures import random_params, tiny_config
 from hamburger_jax.train import stop_calibration as sc
+from tests import compiled
 
 
 def test_extended_targets_run_past_the_group_end():
@@ -104,7 +105,7 @@ def test_collect_matches_the_training_forward_inside_groups():
                               cfg.base.hidden_size)
   for i, ex in enumerate(examples):
     batch = make_batch([ex], cfg.max_steps, 16, pack=False)
-    ref = HamburgerModel(cfg).apply({"params": params}, batch)
+    ref = compiled.apply(HamburgerModel(cfg), {"params": params}, batch)
     sel = np.asarray(batch["target_lengths"][0]) > 0
     lengths = np.asarray(batch["target_lengths"][0])[sel]
     mine = out.example == i
