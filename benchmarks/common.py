@@ -24,6 +24,17 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> s
   return "\n".join(lines)
 
 
+def positive_int(text: str) -> int:
+  """argparse type: "8" -> 8; anything else is a one-line usage error."""
+  try:
+    value = int(text)
+  except ValueError:
+    value = 0
+  if value < 1:
+    raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+  return value
+
+
 def positive_ints(text: str) -> list[int]:
   """argparse type: "1,8,32" -> [1, 8, 32]; anything else is a one-line usage error."""
   try:

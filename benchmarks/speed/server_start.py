@@ -21,7 +21,8 @@ import sys
 import time
 import urllib.request
 
-from benchmarks.common import REPO, markdown_table, positive_ints, results_dir, write_json
+from benchmarks.common import (REPO, markdown_table, positive_int, positive_ints, results_dir,
+                               write_json)
 from benchmarks.serve_load import free_port, wait_healthy
 from hamburger_jax.serve.cli import default_model_id
 
@@ -36,22 +37,12 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--settings", type=positive_ints, default=[1, 128],
                       help="--warmup_prompt_tokens values, each its own server (1: a one-token "
                            "warm-up, the smallest prefill bucket only)")
-  parser.add_argument("--repeats", type=_positive_int, default=1,
+  parser.add_argument("--repeats", type=positive_int, default=1,
                       help="servers per setting, in rotation")
-  parser.add_argument("--max_tokens", type=_positive_int, default=32)
+  parser.add_argument("--max_tokens", type=positive_int, default=32)
   parser.add_argument("--out", default=os.path.join(results_dir("serving"), "server_start.json"),
                       help="the JSON's path ('' = print only)")
   return parser
-
-
-def _positive_int(text: str) -> int:
-  try:
-    value = int(text)
-  except ValueError:
-    value = 0
-  if value < 1:
-    raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
-  return value
 
 
 def _post(url: str, body: dict) -> dict:

@@ -14,7 +14,6 @@ from hamburger_jax.model.config import LlamaConfig
 from hamburger_jax.model.hamburger import HamburgerModel, dummy_batch
 from hamburger_jax.model.llama import LlamaModel, init_llama_params
 from hamburger_jax.testing.fixtures import random_params, tiny_config
-from tests import compiled
 
 
 @pytest.fixture(scope="module")
@@ -323,12 +322,11 @@ def test_grouped_llama_logits_match_the_dequantized_model():
   deq = _dequantized(grouped)
   tokens = jnp.arange(12, dtype=jnp.int32).reshape(2, 6)
   model = LlamaModel(cfg)
-  out = compiled.apply(model, {"params": grouped}, tokens)
-  ref = compiled.apply(model, {"params": deq}, tokens)
+  out = model.apply({"params": grouped}, tokens)
+  ref = model.apply({"params": deq}, tokens)
   np.testing.assert_allclose(out.logits, ref.logits, rtol=1e-4, atol=1e-5)
   hidden = out.hidden[:, -1]                                    # the decoding head, [R, D]
-  logits = lambda p: compiled.apply(model, {"params": p}, hidden, decoding=True,
-                                    method=LlamaModel.logits)
+  logits = lambda p: model.apply({"params": p}, hidden, decoding=True, method=LlamaModel.logits)
   np.testing.assert_allclose(logits(grouped), logits(deq), rtol=1e-4, atol=1e-5)
 
 
@@ -411,6 +409,6 @@ def test_zero_point_params_layout_and_model_logits():
   assert q.KERNEL_ZERO not in str(jax.tree_util.tree_structure(zp["embed_tokens"]))
   model = LlamaModel(cfg)
   tokens = jnp.arange(12, dtype=jnp.int32).reshape(2, 6)
-  out = compiled.apply(model, {"params": zp}, tokens)
-  ref = compiled.apply(model, {"params": _dequantized(zp)}, tokens)
+  out = model.apply({"params": zp}, tokens)
+  ref = model.apply({"params": _dequantized(zp)}, tokens)
   np.testing.assert_allclose(out.logits, ref.logits, rtol=1e-4, atol=1e-5)
