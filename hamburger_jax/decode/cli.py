@@ -269,7 +269,7 @@ def _decode(a: DecodeArgs, sampler, base_sampler, knobs, prompts, printer, stdou
 
 def _run(a: DecodeArgs, stdout: TextIO, stderr: TextIO, stdin: TextIO) -> int:
   check_args(a)
-  persistent_cache.enable(a.compilation_cache)
+  persistent_cache.enable(a.compilation_cache, lambda m: print(f"warning: {m}", file=stderr))
   if a.make_tiny_checkpoint:
     make_tiny_checkpoint(a.make_tiny_checkpoint, a.seed)
     print(a.make_tiny_checkpoint, file=stdout)

@@ -11,6 +11,7 @@ XLA's CPU loader refuses an entry compiled for other CPU features (it then compi
 from __future__ import annotations
 
 import os
+from typing import Callable
 
 import jax
 
@@ -25,10 +26,11 @@ def default_directory() -> str:
   return os.path.join(root, "hamburger_jax", "xla")
 
 
-def enable(directory: str | None = None) -> str | None:
+def enable(directory: str | None = None,
+           warn: Callable[[str], None] | None = None) -> str | None:
   """Turns the cache on at `directory` (None: `default_directory()`; "": off) for this process;
   returns the directory in use, or None when off. A directory that cannot be made leaves the
-  cache off (the command still runs, compiling as without it)."""
+  cache off (the command still runs, compiling as without it) and says so through `warn`."""
   directory = default_directory() if directory is None else directory
   if not directory:
     jax.config.update("jax_enable_compilation_cache", False)
@@ -36,8 +38,11 @@ def enable(directory: str | None = None) -> str | None:
   directory = os.path.expanduser(directory)
   try:
     os.makedirs(directory, exist_ok=True)
-  except OSError:
+  except OSError as e:
     jax.config.update("jax_enable_compilation_cache", False)
+    if warn is not None:
+      warn(f"the compilation cache {directory} cannot be made ({e.strerror}): compiling "
+           "without it; pass --compilation_cache with a writable directory, or '' for none.")
     return None
   jax.config.update("jax_enable_compilation_cache", True)
   jax.config.update("jax_compilation_cache_dir", directory)

@@ -281,7 +281,7 @@ def mode_router(a: ServeArgs, d, make) -> engines.ModeRouter:
 def build(a: ServeArgs) -> Service:
   """Loads the checkpoint and tokenizer (`open_checkpoint`) and builds the engine(s) and Service."""
   check_args(a)
-  persistent_cache.enable(a.compilation_cache)
+  persistent_cache.enable(a.compilation_cache, _log.warning)
   both = a.verify_requests
   start = time.perf_counter()
   d = open_checkpoint(a.ckpt, base_config=a.base_config, tokenizer=a.tokenizer, base=a.base,

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import jax
 import pytest
 
 from hamburger_jax.convert import load_model
@@ -167,6 +168,22 @@ def test_bad_input_in_a_subprocess(ckpt, args, message):
   assert proc.returncode == 2, proc.stderr
   assert message in proc.stderr and "Traceback" not in proc.stderr
 
+
+def test_an_unusable_compilation_cache_is_one_warning_line_and_the_decode_goes_on(ckpt, tmp_path):
+  (tmp_path / "file").write_text("")
+  bad = str(tmp_path / "file" / "cache")               # under a file: cannot be made
+  before = {name: getattr(jax.config, name)
+            for name in ("jax_enable_compilation_cache", "jax_compilation_cache_dir")}
+  try:
+    code, out, err = _run(ckpt=ckpt, token_ids=True, prompt="1,5,7", base=True,
+                          max_new_tokens=2, compilation_cache=bad)
+  finally:
+    for name, value in before.items():
+      jax.config.update(name, value)
+  assert code == 0, err
+  assert len(out.strip().split(",")) == 2
+  warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+  assert len(warnings) == 1 and bad in warnings[0] and "--compilation_cache" in warnings[0], err
 
 def test_missing_checkpoint_is_named_before_the_tokenizer(tmp_path):
   from hamburger_jax.decode.cli import DecodeArgs, run

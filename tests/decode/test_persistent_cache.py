@@ -36,7 +36,11 @@ def test_enable_turns_the_cache_on_at_a_directory_and_an_empty_one_off(tmp_path)
     assert persistent_cache.enable("") is None
     assert not getattr(jax.config, "jax_enable_compilation_cache")
     (tmp_path / "file").write_text("")
-    assert persistent_cache.enable(str(tmp_path / "file" / "x")) is None   # cannot be made
+    warnings = []
+    assert persistent_cache.enable(str(tmp_path / "file" / "x"), warnings.append) is None
+    assert not getattr(jax.config, "jax_enable_compilation_cache")
+    assert len(warnings) == 1 and str(tmp_path / "file" / "x") in warnings[0], warnings
+    assert "cannot be made" in warnings[0] and "--compilation_cache" in warnings[0]
   finally:
     for name, value in before.items():
       jax.config.update(name, value)
