@@ -67,14 +67,53 @@ def _config_override_error(e: Exception, argv) -> str:
   return f"{culprit}: {e}"
 
 
+def _config_file_arg(argv) -> str:
+  """The value of --config in argv ("" if absent)."""
+  for i, arg in enumerate(argv):
+    if arg.startswith("--config="):
+      return arg.split("=", 1)[1]
+    if arg == "--config" and i + 1 < len(argv):
+      return argv[i + 1]
+  return ""
+
+
+def _config_file_error(e: BaseException, argv) -> str | None:
+  """One line for a --config file that failed to load or run, else None (another error)."""
+  path = _config_file_arg(argv)
+  if isinstance(e, SyntaxError):
+    return f"--config {path}: line {e.lineno}: {e.msg}: fix the config file."
+  text = str(e)
+  if "has no attribute 'get_config'" in text:
+    return (f"--config {path}: the file defines no get_config(); a config file is a module whose "
+            "get_config() returns an ml_collections.ConfigDict (see configs/tiny.py).")
+  if "Error whilst parsing config file" in text:        # get_config() raised; keep its last line
+    last = [line for line in text.splitlines() if line.strip()][-1].strip()
+    return f"--config {path}: get_config() failed with {last}: fix the config file or its argument."
+  return None
+
+
 def _parse_flags(argv):
-  """absl's parser; a bad flag or config override exits with code 2 and one line."""
+  """absl's parser; a bad flag, config file or config override exits with code 2 and one line."""
   try:
     return FLAGS(argv)
-  except flags.Error as e:
-    _fail(e)
-  except (AttributeError, KeyError, TypeError, ValueError) as e:   # raised by config overrides
-    _fail(_config_override_error(e, argv))
+  except (flags.Error, AttributeError, KeyError, TypeError, ValueError, SyntaxError) as e:
+    message = _config_file_error(e, argv)
+    if message is not None:
+      _fail(message)
+    if isinstance(e, flags.Error):
+      _fail(e)
+    _fail(_config_override_error(e, argv))    # raised by config overrides
+
+
+def _check_config_loaded() -> None:
+  """Exits with one line when the --config file could not be read (ml_collections defers that
+  error to the config's first use)."""
+  try:
+    FLAGS.config.get("mode")
+  except OSError as e:
+    reason = [line.strip() for line in str(e.__cause__ or e).splitlines() if line.strip()][-1]
+    _fail(f"--config {config_flags.get_config_filename(FLAGS['config'])}: cannot be read "
+          f"({reason}); pass a config file such as configs/tiny.py.")
 
 
 def _write_error(e: BaseException) -> str | None:
@@ -100,6 +139,7 @@ def main(argv):
     _fail(f"Unexpected arguments: {argv[1:]} (settings are --config.FIELD=VALUE).")
   logging.get_absl_handler().addFilter(_QuietLibraries())
   _quiet_closed_loops()
+  _check_config_loaded()
   try:
     validate_config(FLAGS.config)          # before the config is logged: errors stay one line
     check_workdir(FLAGS.workdir)

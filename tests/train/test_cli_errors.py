@@ -36,6 +36,30 @@ def test_bad_settings_are_one_line(tmp_path, args, message):
   assert not os.path.exists(tmp_path / "w" / "checkpoints")
 
 
+_CONFIG_FILES = {
+    "syntax.py": ("def get_config(:\n", "line 1: invalid syntax: fix the config file."),
+    "raises.py": ("def get_config():\n  raise ValueError('boom')\n",
+                  "get_config() failed with ValueError: boom"),
+    "nothing.py": ("x = 1\n", "the file defines no get_config()"),
+}
+
+
+@pytest.mark.parametrize("name", [*_CONFIG_FILES, "missing.py"])
+@pytest.mark.slow
+def test_bad_config_files_are_one_line(tmp_path, name):
+  path = tmp_path / name
+  if name in _CONFIG_FILES:
+    path.write_text(_CONFIG_FILES[name][0])
+  cmd = [sys.executable, "train.py", f"--config={path}", f"--workdir={tmp_path / 'w'}"]
+  out = subprocess.run(cmd, cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"),
+                       capture_output=True, text=True, timeout=600)
+  assert out.returncode == 2, out.stderr[-2000:]
+  assert out.stderr.strip().splitlines() == [out.stderr.strip()], out.stderr   # exactly one line
+  expected = (_CONFIG_FILES[name][1] if name in _CONFIG_FILES
+              else "cannot be read ([Errno 2] No such file or directory")
+  assert out.stderr.startswith(f"error: --config {path}: ") and expected in out.stderr, out.stderr
+  assert not os.path.exists(tmp_path / "w")
+
 def test_workdir_that_is_a_file(tmp_path):
   (tmp_path / "f").write_text("x")
   out = _train(tmp_path / "f")
