@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 from hamburger_jax.model.config import HamburgerConfig
 from hamburger_jax.model.layers import default_init, dense, logical
+from hamburger_jax.model.stored_params import stored_param
 
 
 class CompositionalEmbedder(nn.Module):
@@ -37,8 +38,8 @@ class CompositionalEmbedder(nn.Module):
     base = self.cfg.base
     d, s, heads = base.hidden_size, self.cfg.max_steps, self.cfg.merger_heads
     head_dim = d // heads
-    pos = self.param("pos", logical(default_init, ("max_steps", "embed")), (s, d // 2),
-                     base.jnp_param_dtype)
+    pos = stored_param(self, "pos", logical(default_init, ("max_steps", "embed")), (s, d // 2),
+                       base.jnp_param_dtype)
     valid = jnp.arange(s) < lengths[..., None]                       # [..., S]
     count = jnp.maximum(lengths, 1)[..., None].astype(jnp.float32)
     mean = (jnp.where(valid[..., None], embeds.astype(jnp.float32), 0.0).sum(-2)

@@ -17,6 +17,7 @@ from hamburger_jax.model import cpu_dots
 from hamburger_jax.model import partitioning as pt
 from hamburger_jax.model.config import LlamaConfig, RopeScaling
 from hamburger_jax.model.quantize import Dense
+from hamburger_jax.model.stored_params import stored_param
 
 default_init = nn.initializers.normal(stddev=0.02)
 
@@ -67,8 +68,8 @@ class RMSNorm(nn.Module):
 
   @nn.compact
   def __call__(self, x):
-    scale = self.param("scale", logical(nn.initializers.ones_init(), ("norm",)), (x.shape[-1],),
-                       self.param_dtype)
+    scale = stored_param(self, "scale", logical(nn.initializers.ones_init(), ("norm",)),
+                         (x.shape[-1],), self.param_dtype)
     x32 = x.astype(jnp.float32)
     x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
     return scale.astype(self.dtype) * x32.astype(self.dtype)

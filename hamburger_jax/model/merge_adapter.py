@@ -17,6 +17,7 @@ import jax.numpy as jnp
 
 from hamburger_jax.model.config import HamburgerConfig
 from hamburger_jax.model.layers import RMSNorm, dense, logical
+from hamburger_jax.model.quantize import Dense
 
 
 class AdapterLayer(nn.Module):
@@ -28,9 +29,9 @@ class AdapterLayer(nn.Module):
     base, r = self.cfg.base, self.cfg.merge_adapter_rank
     h = RMSNorm(base.rms_norm_eps, base.jnp_dtype, base.jnp_param_dtype, name="norm")(x_in)
     h = nn.silu(dense(r, ("embed", "mlp"), base, "down")(h))
-    return nn.Dense(base.hidden_size, use_bias=False, dtype=base.jnp_dtype,
-                    param_dtype=base.jnp_param_dtype, name="up",
-                    kernel_init=logical(nn.initializers.zeros_init(), ("mlp", "embed")))(h)
+    return Dense(base.hidden_size, use_bias=False, dtype=base.jnp_dtype,
+                 param_dtype=base.jnp_param_dtype, name="up",
+                 kernel_init=logical(nn.initializers.zeros_init(), ("mlp", "embed")))(h)
 
 
 class MergeAdapter(nn.Module):

@@ -48,6 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hamburger_jax.model import int8_table
+from hamburger_jax.model.stored_params import stored_param
 
 MODES = ("none", "int8", "int8:G", "int8:Gz", "micro:<mode>")
 MICRO = "micro:"          # "micro:int8": the drafter's weights only (`quantize_drafter`)
@@ -317,15 +318,22 @@ def head_rows(base_params, rows, tied: bool, dtype):
 
 
 class Dense(nn.Dense):
-  """nn.Dense that also reads an int8 kernel [in, out] with its "kernel_scale": [out] (per
-  channel) or [in/G, out] (groups of G inputs)."""
+  """nn.Dense (kernel [in, out], optional bias) that also reads an int8 kernel with its
+  "kernel_scale": [out] (per channel) or [in/G, out] (groups of G inputs). Given parameters are
+  read with `stored_param` (no initializer traced per apply)."""
 
   @nn.compact
   def __call__(self, inputs):
-    if not self.has_variable("params", KERNEL_SCALE):
-      return super().__call__(inputs)
-    kernel = self.param("kernel", self.kernel_init, (inputs.shape[-1], self.features),
-                        self.param_dtype)
+    kernel = stored_param(self, "kernel", self.kernel_init, (inputs.shape[-1], self.features),
+                          self.param_dtype)
+    bias = None
+    if self.use_bias:
+      bias = stored_param(self, "bias", self.bias_init, (self.features,), self.param_dtype)
+    if not self.has_variable("params", KERNEL_SCALE):            # nn.Dense's computation
+      inputs, kernel, bias = self.promote_dtype(inputs, kernel, bias, dtype=self.dtype)
+      y = jax.lax.dot_general(inputs, kernel, (((inputs.ndim - 1,), (0,)), ((), ())),
+                              precision=self.precision)
+      return y if bias is None else y + jnp.reshape(bias, (1,) * (y.ndim - 1) + (-1,))
     scale = self.get_variable("params", KERNEL_SCALE)
     x = inputs.astype(self.dtype)
     if scale.ndim == 1:
@@ -338,9 +346,8 @@ class Dense(nn.Dense):
       if self.has_variable("params", KERNEL_ZERO):          # + sum_g zero[g] * sum(x_g)
         x_sums = jnp.sum(x.reshape(x.shape[:-1] + (n, -1)), axis=-1)
         y = y + jnp.dot(x_sums, self.get_variable("params", KERNEL_ZERO).astype(self.dtype))
-    if self.use_bias:
-      y = y + self.param("bias", self.bias_init, (self.features,), self.param_dtype).astype(
-          self.dtype)
+    if bias is not None:
+      y = y + bias.astype(self.dtype)
     return y
 
 
@@ -353,7 +360,8 @@ class Embed(nn.Embed):
         self.get_variable("params", "embedding")):
       self.embedding = self.get_variable("params", "embedding")   # not nn.Embed's [V, D] shape
     else:
-      super().setup()
+      self.embedding = stored_param(self, "embedding", self.embedding_init,
+                                    (self.num_embeddings, self.features), self.param_dtype)
 
   def _scale(self):
     if self.has_variable("params", EMBEDDING_SCALE):
