@@ -331,8 +331,10 @@ class Dense(nn.Dense):
       bias = stored_param(self, "bias", self.bias_init, (self.features,), self.param_dtype)
     if not self.has_variable("params", KERNEL_SCALE):            # nn.Dense's computation
       inputs, kernel, bias = self.promote_dtype(inputs, kernel, bias, dtype=self.dtype)
-      y = jax.lax.dot_general(inputs, kernel, (((inputs.ndim - 1,), (0,)), ((), ())),
-                              precision=self.precision)
+      dot_general = (self.dot_general_cls() if self.dot_general_cls is not None
+                     else self.dot_general or jax.lax.dot_general)
+      y = dot_general(inputs, kernel, (((inputs.ndim - 1,), (0,)), ((), ())),
+                      precision=self.precision)
       return y if bias is None else y + jnp.reshape(bias, (1,) * (y.ndim - 1) + (-1,))
     scale = self.get_variable("params", KERNEL_SCALE)
     x = inputs.astype(self.dtype)
